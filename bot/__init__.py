@@ -1,0 +1,1 @@
+"""Steward core: runtime, agent turn, LLM clients, tools, scheduler and CLI."""

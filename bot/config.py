@@ -1,0 +1,369 @@
+"""Configuration: one TOML file, secrets only through environment variables.
+
+Where things are found (first match wins):
+
+* home directory (holds the SQLite database): ``--home``, ``$STEWARD_HOME``,
+  ``$XDG_DATA_HOME/steward``, ``~/.local/share/steward``;
+* config file: ``--config`` (must exist), ``$STEWARD_CONFIG`` (must exist),
+  ``./config.toml``, ``$XDG_CONFIG_HOME/steward/config.toml``
+  (``~/.config/steward/config.toml``); no file at all means the defaults.
+
+An absent or empty file is a working config: embedded SQLite, no connectors. Every
+problem (bad TOML, unknown key, wrong type, missing secret) is raised as one
+``ConfigError`` whose ``str()`` is a single line naming the file and the key::
+
+    config.toml: [slack] mode: Input should be 'socket' or 'http' (got 'udp')
+
+The file is read synchronously: ``load_config`` runs once at start-up, before the
+event loop exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "EmailConfig",
+    "LLMConfig",
+    "RuntimeConfig",
+    "SlackConfig",
+    "StoreConfig",
+    "build_config",
+    "find_config_path",
+    "load_config",
+    "resolve_home",
+]
+
+SQLITE_SCHEME = "sqlite+aiosqlite"
+POSTGRES_SCHEME = "postgresql+asyncpg"
+DB_FILENAME = "steward.db"
+NO_FILE = "(no config file)"
+
+
+class ConfigError(Exception):
+    """A config problem, rendered as one line: ``<file>: <where>: <what>[; ...]``.
+
+    ``path`` is the file (or None), ``problems`` a list of ``(where, what)`` pairs where
+    ``where`` reads like ``[slack] mode`` (or ``""`` for a whole-file problem).
+    """
+
+    def __init__(self, path: Path | str | None, problems: list[tuple[str, str]]) -> None:
+        self.path = Path(path) if path is not None else None
+        self.problems = problems
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = [f"{where}: {what}" if where else what for where, what in self.problems]
+        text = f"{self.path if self.path is not None else NO_FILE}: " + "; ".join(parts)
+        return " ".join(text.split())  # always one line
+
+
+class _Section(BaseModel):
+    # strict: a TOML file has real types, so "3000" for a port or 1 for a bool is a mistake
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StoreConfig(_Section):
+    url: str = ""  # empty = SQLite file steward.db in the home dir
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        if not url:
+            return url
+        hint = f"use {SQLITE_SCHEME}:///PATH, {POSTGRES_SCHEME}://... or leave empty"
+        if "://" not in url:
+            raise ValueError(f"not a database URL; {hint}")
+        scheme = url.split("://", 1)[0]
+        if scheme not in (SQLITE_SCHEME, POSTGRES_SCHEME):
+            raise ValueError(f"unsupported scheme {scheme!r}; {hint}")
+        return url
+
+
+class LLMConfig(_Section):
+    provider: Literal["openai", "anthropic", "scripted"] | None = None  # None = auto-detect
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+    context_window: int = Field(128_000, gt=0)
+    max_output_tokens: int = Field(4096, gt=0)
+
+
+class SlackConfig(_Section):
+    enabled: bool = False
+    mode: Literal["socket", "http"] = "socket"
+    bot_token_env: str = "SLACK_BOT_TOKEN"
+    app_token_env: str = "SLACK_APP_TOKEN"
+    signing_secret_env: str = "SLACK_SIGNING_SECRET"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(3000, ge=1, le=65535)
+    api_base_url: str = "https://slack.com/api/"
+    allowed_users: list[str] = Field(default_factory=list)
+
+
+class EmailConfig(_Section):
+    enabled: bool = False  # declared first: the validators below read it
+    address: str = Field("", validate_default=True)
+    imap_host: str = Field("", validate_default=True)
+    imap_port: int = Field(993, ge=1, le=65535)
+    imap_security: Literal["ssl", "starttls", "none"] = "ssl"
+    imap_user: str = ""
+    imap_password_env: str = "STEWARD_IMAP_PASSWORD"
+    mailbox: str = "INBOX"
+    sent_mailbox: str = "Sent"
+    smtp_host: str = Field("", validate_default=True)
+    smtp_port: int = Field(465, ge=1, le=65535)
+    smtp_security: Literal["ssl", "starttls", "none"] = "ssl"
+    smtp_user: str = ""
+    smtp_password_env: str = "STEWARD_SMTP_PASSWORD"
+    allowed_senders: list[str] = Field(default_factory=list)
+
+    @field_validator("address", "imap_host", "smtp_host")
+    @classmethod
+    def _required_when_enabled(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("enabled") and not value.strip():
+            raise ValueError("must be set when enabled = true")
+        return value
+
+
+class RuntimeConfig(_Section):
+    concurrency: int = Field(8, ge=1)
+    lease_seconds: float = Field(15.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    drain_seconds: float = Field(20.0, ge=0)
+    retry_base_seconds: float = Field(1.0, gt=0)
+    retry_max_seconds: float = Field(300.0, gt=0)
+
+    @field_validator("retry_max_seconds")
+    @classmethod
+    def _max_not_below_base(cls, value: float, info: ValidationInfo) -> float:
+        base = info.data.get("retry_base_seconds")
+        if base is not None and value < base:
+            raise ValueError(f"must be >= retry_base_seconds ({base})")
+        return value
+
+
+class Config(_Section):
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    email: EmailConfig = Field(default_factory=EmailConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    # set by the loader; not part of the file
+    _path: Path | None = PrivateAttr(default=None)
+    _home: Path | None = PrivateAttr(default=None)
+    _env: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def path(self) -> Path | None:
+        """The file this config came from (None: defaults, no file)."""
+        return self._path
+
+    @property
+    def home(self) -> Path:
+        """The home directory (holds the SQLite database)."""
+        if self._home is None:
+            raise RuntimeError("Config.home is unset: build it with load_config/build_config")
+        return self._home
+
+    @property
+    def store_url(self) -> str:
+        """The effective SQLAlchemy URL."""
+        return self.store.url or f"{SQLITE_SCHEME}:///{self.home / DB_FILENAME}"
+
+    def secret(self, env_name: str) -> str:
+        """The value of ``env_name`` in the environment captured at load time."""
+        value = self._env.get(env_name, "") if env_name else ""
+        if not value:
+            where = f"environment variable {env_name}" if env_name else "secret name"
+            raise ConfigError(self._path, [("", f"{where} is not set")])
+        return value
+
+
+# ---------------------------------------------------------------- locations
+
+
+def _user_home(env: Mapping[str, str]) -> Path:
+    return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _expand(raw: str, env: Mapping[str, str], cwd: Path) -> Path:
+    if raw == "~" or raw.startswith("~/"):
+        path = _user_home(env) / raw[2:]
+    else:
+        path = Path(raw).expanduser()
+    return path if path.is_absolute() else cwd / path
+
+
+def resolve_home(cli_home: str | None, env: Mapping[str, str], cwd: Path | None = None) -> Path:
+    """``--home``, else ``$STEWARD_HOME``, else ``$XDG_DATA_HOME/steward``, else
+    ``~/.local/share/steward``. Always absolute; nothing is created."""
+    cwd = cwd if cwd is not None else Path.cwd()
+    if cli_home:
+        return _expand(cli_home, env, cwd)
+    if env.get("STEWARD_HOME"):
+        return _expand(env["STEWARD_HOME"], env, cwd)
+    if env.get("XDG_DATA_HOME"):
+        return _expand(env["XDG_DATA_HOME"], env, cwd) / "steward"
+    return _user_home(env) / ".local" / "share" / "steward"
+
+
+def find_config_path(cli_config: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
+    """``--config`` (must exist), else ``$STEWARD_CONFIG`` (must exist), else
+    ``cwd/config.toml``, else ``$XDG_CONFIG_HOME/steward/config.toml``
+    (``~/.config/steward/config.toml``) if it exists, else None."""
+    for raw, origin in ((cli_config, "--config"), (env.get("STEWARD_CONFIG"), "$STEWARD_CONFIG")):
+        if raw:
+            path = _expand(raw, env, cwd)
+            if not path.is_file():
+                raise ConfigError(path, [("", f"config file not found (from {origin})")])
+            return path
+    local = cwd / "config.toml"
+    if local.is_file():
+        return local
+    xdg = env.get("XDG_CONFIG_HOME")
+    config_dir = _expand(xdg, env, cwd) if xdg else _user_home(env) / ".config"
+    user = config_dir / "steward" / "config.toml"
+    return user if user.is_file() else None
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(
+    cli_config: str | None = None,
+    cli_home: str | None = None,
+    env: Mapping[str, str] = os.environ,
+    cwd: Path | None = None,
+) -> Config:
+    """Find, read, validate and check the config; raise ConfigError on any problem."""
+    cwd = cwd if cwd is not None else Path.cwd()
+    path = find_config_path(cli_config, env, cwd)
+    data = _read_toml(path) if path is not None else {}
+    return build_config(data, home=resolve_home(cli_home, env, cwd), path=path, env=env)
+
+
+def build_config(
+    data: Mapping[str, Any],
+    *,
+    home: Path,
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Validate already-parsed TOML data (also handy in tests: no file needed)."""
+    try:
+        config = Config.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(path, [_describe(err) for err in exc.errors()]) from None
+    config._path = path
+    config._home = home
+    config._env = dict(env or {})
+    missing = _missing_secrets(config)
+    if missing:
+        raise ConfigError(path, missing)
+    return config
+
+
+_TOML_POSITION = re.compile(
+    r"^(?P<msg>.*?)\s*\(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$"
+)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(path, [("", f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [("", f"not valid UTF-8 at byte {exc.start}")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, [("", _describe_toml_error(str(exc)))]) from None
+
+
+def _describe_toml_error(text: str) -> str:
+    match = _TOML_POSITION.match(text.strip())
+    if match is None:
+        return f"invalid TOML: {text}"
+    if match["line"] is None:
+        return f"invalid TOML at end of document: {match['msg']}"
+    return f"invalid TOML at line {match['line']}: {match['msg']} (column {match['col']})"
+
+
+_SECTIONS = frozenset(Config.model_fields)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    if not loc:
+        return ""
+    head, rest = loc[0], loc[1:]
+    if head in _SECTIONS and not rest:
+        return f"[{head}]"
+    if head in _SECTIONS:
+        text = f"[{head}] {rest[0]}"
+        rest = rest[1:]
+    else:
+        text = str(head)
+    for part in rest:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def _describe(err: Any) -> tuple[str, str]:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return _location(loc), "unknown key"
+    if kind == "model_type":
+        return _location(loc), f"must be a table (got {_toml_repr(err['input'])})"
+    message = err["msg"]
+    if kind == "value_error":
+        return _location(loc), message.removeprefix("Value error, ")
+    return _location(loc), f"{message} (got {_toml_repr(err['input'])})"
+
+
+def _toml_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _missing_secrets(config: Config) -> list[tuple[str, str]]:
+    needed: list[tuple[str, str]] = []  # (section, key naming the variable)
+    if config.llm.api_key_env:
+        needed.append(("llm", "api_key_env"))
+    if config.slack.enabled:
+        needed.append(("slack", "bot_token_env"))
+        needed.append(
+            ("slack", "app_token_env" if config.slack.mode == "socket" else "signing_secret_env")
+        )
+    if config.email.enabled:
+        needed.append(("email", "imap_password_env"))
+        if config.email.smtp_user:
+            needed.append(("email", "smtp_password_env"))
+    problems = []
+    for section, key in needed:
+        name = getattr(getattr(config, section), key)
+        if not name:
+            problems.append((f"[{section}] {key}", "must name an environment variable"))
+        elif not config._env.get(name):
+            problems.append((f"[{section}] {key}", f"environment variable {name} is not set"))
+    return problems

@@ -1,0 +1,42 @@
+"""Steward's durable store: conversations, entries, tasks, submissions, documents, usage.
+
+Knows nothing of the agent or the connectors. Everything one step writes goes through
+`Store.commit(Writes)` in one transaction.
+"""
+
+from store.errors import (
+    CorruptRow,
+    DocumentCorrupt,
+    DocumentError,
+    LeaseLost,
+    NotFound,
+    StoreError,
+)
+from store.records import (
+    BLOCKED,
+    DONE,
+    FAILED,
+    INTERRUPTED,
+    PENDING,
+    RUNNING,
+    STATES,
+    TERMINAL,
+    WAITING,
+    CommitResult,
+    Conversation,
+    DocumentVersion,
+    Entry,
+    Task,
+    UsageRecord,
+    new_id,
+)
+from store.store import Store, conversation_namespace, open_store
+from store.writes import TaskUpdate, Writes
+
+__all__ = [
+    "BLOCKED", "DONE", "FAILED", "INTERRUPTED", "PENDING", "RUNNING", "STATES", "TERMINAL",
+    "WAITING", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
+    "DocumentError", "DocumentVersion", "Entry", "LeaseLost", "NotFound", "Store",
+    "StoreError", "Task", "TaskUpdate", "UsageRecord", "Writes", "conversation_namespace",
+    "new_id", "open_store",
+]

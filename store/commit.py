@@ -1,0 +1,138 @@
+"""Apply a `Writes` inside one open transaction. The caller owns the transaction, so either
+all of it lands or none of it does.
+
+Order matters: submissions first (a duplicate aborts the step before anything is written),
+then entries (so documents can be tied to the positions they produce), tasks, documents,
+usage, and last the task update, which wakes a waiting parent when a child settles.
+"""
+
+from sqlalchemy import and_, exists, insert, not_, or_, select, update
+
+from store.documents import versions
+from store.errors import LeaseLost
+from store.records import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    TERMINAL,
+    WAITING,
+    CommitResult,
+    dumps,
+    now,
+)
+from store.schema import conversations, entries, submissions, tasks, usage
+from store.sql import insert_ignore
+from store.writes import TaskUpdate, Writes
+
+
+class DuplicateSubmission(Exception):
+    """Raised inside the transaction to roll the whole step back."""
+
+
+async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
+    result = CommitResult()
+    t = now()
+    for sub in writes.submissions:
+        for external_id in sub.external_ids:
+            row = (await conn.execute(
+                insert_ignore(dialect, submissions, "channel", "external_id").values(
+                    channel=sub.channel, external_id=external_id,
+                    conversation_id=sub.conversation_id, task_id=sub.task_id,
+                    state="quarantined" if sub.quarantine_reason else "accepted",
+                    reason=sub.quarantine_reason,
+                    payload=None if sub.payload is None else dumps(sub.payload), created_at=t,
+                ).returning(submissions.c.id)
+            )).first()
+            if row is None:
+                raise DuplicateSubmission(f"{sub.channel}:{external_id}")
+
+    last_seq: dict[int, int] = {}
+    for e in writes.entries:
+        # The conversation row is the per-conversation sequence (and its lock on PostgreSQL).
+        seq = (await conn.execute(
+            update(conversations).where(conversations.c.id == e.conversation_id)
+            .values(last_seq=conversations.c.last_seq + 1, updated_at=t)
+            .returning(conversations.c.last_seq)
+        )).scalar_one()
+        await conn.execute(insert(entries).values(
+            conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,
+            text=e.text, data=None if e.data is None else dumps(e.data), ref=e.ref,
+            task_id=e.task_id, created_at=t))
+        last_seq[e.conversation_id] = seq
+        result.entry_seqs.append(seq)
+
+    for nt in writes.tasks:
+        values = dict(
+            id=nt.id, kind=nt.kind, parent_id=nt.parent_id, conversation_id=nt.conversation_id,
+            state=PENDING, phase="", inputs=dumps(nt.inputs), idem_key=nt.idem_key,
+            dedupe_key=nt.dedupe_key, attempts=0, run_after=nt.run_after, created_at=t,
+            updated_at=t)
+        if nt.dedupe_key is None:
+            await conn.execute(insert(tasks).values(**values))
+            result.task_ids.append(nt.id)
+            continue
+        await conn.execute(insert_ignore(dialect, tasks, "dedupe_key").values(**values))
+        result.task_ids.append((await conn.execute(
+            select(tasks.c.id).where(tasks.c.dedupe_key == nt.dedupe_key))).scalar_one())
+
+    task_id = writes.task_update.task_id if writes.task_update else None
+    for d in writes.documents:
+        at_seq = None
+        if d.conversation_id is not None:
+            at_seq = last_seq.get(d.conversation_id)
+            if at_seq is None:
+                at_seq = (await conn.execute(select(conversations.c.last_seq).where(
+                    conversations.c.id == d.conversation_id))).scalar_one()
+        result.document_versions[(d.namespace, d.name)] = await versions.write(
+            conn, dialect, d, at_seq=at_seq, task_id=task_id)
+
+    for u in writes.usage:
+        await conn.execute(insert(usage).values(
+            task_id=u.task_id or task_id, conversation_id=u.conversation_id,
+            provider=u.provider, model=u.model, input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens, cache_read_tokens=u.cache_read_tokens,
+            cache_write_tokens=u.cache_write_tokens, cost_usd=u.cost_usd, ok=u.ok,
+            error=u.error, created_at=t))
+
+    if writes.task_update is not None:
+        await _update_task(conn, writes.task_update, t)
+    return result
+
+
+async def _update_task(conn, u: TaskUpdate, t: float) -> None:
+    keep_lease = u.state == RUNNING
+    values = dict(
+        state=u.state, phase=u.phase,
+        checkpoint=None if u.checkpoint is None else dumps(u.checkpoint),
+        result=None if u.result is None else dumps(u.result), error=u.error,
+        wait_mode=u.wait_mode, run_after=u.run_after, updated_at=t)
+    if not keep_lease:
+        values.update(lease_owner=None, lease_expires=None)
+    if u.reset_attempts:
+        values["attempts"] = 0
+    # Fenced: only the worker holding the lease may move the task on.
+    row = (await conn.execute(
+        update(tasks).where(tasks.c.id == u.task_id, tasks.c.lease_owner == u.owner,
+                            tasks.c.state == RUNNING)
+        .values(**values).returning(tasks.c.parent_id)
+    )).first()
+    if row is None:
+        raise LeaseLost(u.task_id, u.owner)
+    if u.state == WAITING:
+        await wake_if_ready(conn, u.task_id, t)
+    elif u.state in TERMINAL and row.parent_id is not None:
+        await wake_if_ready(conn, row.parent_id, t)
+
+
+async def wake_if_ready(conn, task_id: str, t: float) -> None:
+    """Move a waiting task back to pending when its wait is over: every child settled
+    (mode `all`), or any child failed (mode `fail_fast`)."""
+    child = tasks.alias("child")
+    unsettled = exists().where(child.c.parent_id == tasks.c.id,
+                               child.c.state.not_in(list(TERMINAL)))
+    failed_child = exists().where(child.c.parent_id == tasks.c.id, child.c.state == FAILED)
+    fail_fast = and_(tasks.c.wait_mode == "fail_fast", failed_child)
+    await conn.execute(
+        update(tasks).where(tasks.c.id == task_id, tasks.c.state == WAITING,
+                            or_(not_(unsettled), fail_fast))
+        .values(state=PENDING, run_after=0.0, updated_at=t))

@@ -1,0 +1,165 @@
+"""Plain records returned by the store, and JSON encoding with per-row error isolation."""
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ulid import ULID
+
+from store.errors import CorruptRow
+
+# Task states. Terminal ones never change again.
+PENDING, RUNNING, WAITING = "pending", "running", "waiting"
+DONE, FAILED, INTERRUPTED, BLOCKED = "done", "failed", "interrupted", "blocked"
+TERMINAL = frozenset({DONE, FAILED, INTERRUPTED})
+STATES = (PENDING, RUNNING, WAITING, DONE, FAILED, INTERRUPTED, BLOCKED)
+
+
+def now() -> float:
+    return time.time()
+
+
+def new_id() -> str:
+    """A time-sortable id (ULID): tasks created earlier sort first."""
+    return str(ULID())
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads(raw: str | None, *, table: str, row_id, column: str) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise CorruptRow(table, row_id, column, str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    key: str
+    owner: str | None
+    parent_id: int | None
+    fork_at: int | None
+    last_seq: int
+    meta: dict
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    conversation_id: int
+    seq: int
+    kind: str
+    author: str | None
+    text: str
+    data: Any
+    ref: str | None
+    task_id: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    kind: str
+    parent_id: str | None
+    conversation_id: int | None
+    state: str
+    phase: str
+    inputs: Any
+    checkpoint: Any
+    result: Any
+    error: str | None
+    idem_key: str | None
+    dedupe_key: str | None
+    attempts: int
+    wait_mode: str | None
+    lease_owner: str | None
+    lease_expires: float | None
+    run_after: float
+    created_at: float
+    updated_at: float
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    provider: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    ok: bool = True
+    error: str | None = None
+    task_id: str | None = None
+    conversation_id: int | None = None
+
+
+@dataclass(frozen=True)
+class DocumentVersion:
+    namespace: str
+    name: str
+    version: int
+    value: Any
+    conversation_id: int | None
+    at_seq: int | None
+
+
+@dataclass
+class CommitResult:
+    """What one commit did. `duplicate` means a submission was already known and nothing
+    of the step was written."""
+
+    duplicate: bool = False
+    entry_seqs: list[int] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+    document_versions: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def conversation_from_row(row) -> Conversation:
+    m = row._mapping
+    return Conversation(
+        id=m["id"], key=m["key"], owner=m["owner"], parent_id=m["parent_id"],
+        fork_at=m["fork_at"], last_seq=m["last_seq"],
+        meta=loads(m["meta"], table="conversations", row_id=m["id"], column="meta") or {},
+        created_at=m["created_at"], updated_at=m["updated_at"],
+    )
+
+
+def entry_from_row(row) -> Entry:
+    m = row._mapping
+    return Entry(
+        id=m["id"], conversation_id=m["conversation_id"], seq=m["seq"], kind=m["kind"],
+        author=m["author"], text=m["text"],
+        data=loads(m["data"], table="entries", row_id=m["id"], column="data"),
+        ref=m["ref"], task_id=m["task_id"], created_at=m["created_at"],
+    )
+
+
+def task_from_row(row) -> Task:
+    m = row._mapping
+
+    def dec(column):
+        return loads(m[column], table="tasks", row_id=m["id"], column=column)
+
+    return Task(
+        id=m["id"], kind=m["kind"], parent_id=m["parent_id"],
+        conversation_id=m["conversation_id"], state=m["state"], phase=m["phase"],
+        inputs=dec("inputs"), checkpoint=dec("checkpoint"), result=dec("result"),
+        error=m["error"], idem_key=m["idem_key"], dedupe_key=m["dedupe_key"],
+        attempts=m["attempts"], wait_mode=m["wait_mode"], lease_owner=m["lease_owner"],
+        lease_expires=m["lease_expires"], run_after=m["run_after"],
+        created_at=m["created_at"], updated_at=m["updated_at"],
+    )

@@ -1,0 +1,142 @@
+"""Table definitions used by queries (the migrations under `migrations/` create them).
+
+Every JSON value is stored as TEXT and decoded row by row, so one corrupt row can be
+reported and isolated instead of breaking a whole query. Timestamps are unix seconds.
+"""
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants 64 bits for years of rows.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+conversations = Table(
+    "conversations",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("key", String(512), nullable=False, unique=True),
+    Column("owner", String(256)),
+    Column("parent_id", BigId, ForeignKey("conversations.id")),
+    Column("fork_at", BigInteger),
+    Column("last_seq", BigInteger, nullable=False, default=0),
+    Column("meta", Text, nullable=False, default="{}"),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+entries = Table(
+    "entries",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("conversation_id", BigId, ForeignKey("conversations.id"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("author", String(256)),
+    Column("text", Text, nullable=False, default=""),
+    Column("data", Text),
+    Column("ref", String(512)),
+    Column("task_id", String(32)),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("conversation_id", "seq", name="uq_entries_conversation_seq"),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("kind", String(128), nullable=False),
+    Column("parent_id", String(32), ForeignKey("tasks.id")),
+    Column("conversation_id", BigId, ForeignKey("conversations.id")),
+    Column("state", String(16), nullable=False),
+    Column("phase", String(64), nullable=False, default=""),
+    Column("inputs", Text, nullable=False),
+    Column("checkpoint", Text),
+    Column("result", Text),
+    Column("error", Text),
+    Column("idem_key", String(128)),
+    Column("dedupe_key", String(512), unique=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("wait_mode", String(16)),
+    Column("lease_owner", String(128)),
+    Column("lease_expires", Float),
+    Column("run_after", Float, nullable=False, default=0.0),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_tasks_state_run_after", "state", "run_after"),
+    Index("ix_tasks_parent", "parent_id"),
+)
+
+submissions = Table(
+    "submissions",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("channel", String(64), nullable=False),
+    Column("external_id", String(512), nullable=False),
+    Column("conversation_id", BigId, ForeignKey("conversations.id")),
+    Column("task_id", String(32)),
+    Column("state", String(16), nullable=False),
+    Column("reason", Text),
+    Column("payload", Text),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("channel", "external_id", name="uq_submissions_channel_external"),
+)
+
+documents = Table(
+    "documents",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("namespace", String(512), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("history", String(16), nullable=False),
+    Column("fork_policy", String(16), nullable=False),
+    Column("version", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    UniqueConstraint("namespace", "name", name="uq_documents_namespace_name"),
+)
+
+document_versions = Table(
+    "document_versions",
+    metadata,
+    Column("document_id", BigId, ForeignKey("documents.id"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("base", Text),
+    Column("ops", Text),
+    Column("conversation_id", BigId),
+    Column("at_seq", BigInteger),
+    Column("task_id", String(32)),
+    Column("created_at", Float, nullable=False),
+)
+
+usage = Table(
+    "usage",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("task_id", String(32)),
+    Column("conversation_id", BigId),
+    Column("provider", String(64), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cache_read_tokens", Integer, nullable=False, default=0),
+    Column("cache_write_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("ok", Boolean, nullable=False),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Index("ix_usage_created", "created_at"),
+)

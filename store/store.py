@@ -1,0 +1,227 @@
+"""`Store`: the one entry point to durable state. Open it with `open_store(url)`."""
+
+import logging
+from typing import Any
+
+from sqlalchemy import and_, func, insert, or_, select
+
+from store import commit as _commit
+from store import tasks as _tasks
+from store.documents import versions as _versions
+from store.engine import Engines, create_engines, migrate
+from store.errors import NotFound
+from store.records import (
+    CommitResult,
+    Conversation,
+    DocumentVersion,
+    Entry,
+    Task,
+    conversation_from_row,
+    dumps,
+    entry_from_row,
+    now,
+    task_from_row,
+)
+from store.schema import conversations, entries, submissions, tasks, usage
+from store.sql import insert_ignore
+from store.writes import Writes
+
+log = logging.getLogger(__name__)
+
+
+def conversation_namespace(conversation_id: int) -> str:
+    """The document namespace that belongs to a conversation (and forks with it)."""
+    return f"conversation:{conversation_id}"
+
+
+async def open_store(url: str, *, upgrade: bool = True) -> "Store":
+    engines = create_engines(url)
+    if upgrade:
+        await migrate(engines)
+    return Store(engines)
+
+
+class Store:
+    def __init__(self, engines: Engines):
+        self._engines = engines
+        self.dialect = engines.dialect
+
+    @property
+    def single_node(self) -> bool:
+        """SQLite is one machine; a file lock in the home dir then tells whether a runner is
+        the only one (see bot.runtime)."""
+        return self.dialect == "sqlite"
+
+    async def close(self) -> None:
+        await self._engines.dispose()
+
+    # -- the one commit ----------------------------------------------------------------
+
+    async def commit(self, writes: Writes) -> CommitResult:
+        """Everything in `writes` lands in one transaction, or nothing does."""
+        try:
+            async with self._engines.write.begin() as conn:
+                return await _commit.apply(conn, self.dialect, writes)
+        except _commit.DuplicateSubmission as dup:
+            log.debug("duplicate submission %s: step not applied", dup)
+            return CommitResult(duplicate=True)
+
+    # -- conversations and entries -----------------------------------------------------
+
+    async def ensure_conversation(self, key: str, *, owner: str | None = None,
+                                  meta: dict | None = None) -> Conversation:
+        t = now()
+        async with self._engines.write.begin() as conn:
+            await conn.execute(insert_ignore(self.dialect, conversations, "key").values(
+                key=key, owner=owner, last_seq=0, meta=dumps(meta or {}), created_at=t,
+                updated_at=t))
+            row = (await conn.execute(select(conversations).where(conversations.c.key == key))
+                   ).one()
+        return conversation_from_row(row)
+
+    async def get_conversation(self, key: str) -> Conversation:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(conversations).where(conversations.c.key == key))
+                   ).first()
+        if row is None:
+            raise NotFound(f"no conversation {key!r}")
+        return conversation_from_row(row)
+
+    async def list_conversations(self, *, limit: int = 50,
+                                 before_id: int | None = None) -> list[Conversation]:
+        query = select(conversations).order_by(conversations.c.id.desc()).limit(limit)
+        if before_id is not None:
+            query = query.where(conversations.c.id < before_id)
+        async with self._engines.read.connect() as conn:
+            return [conversation_from_row(r) for r in (await conn.execute(query)).all()]
+
+    async def fork(self, key: str, new_key: str, *, at_seq: int | None = None) -> Conversation:
+        """A new conversation that sees `key`'s entries up to `at_seq` (default: all of
+        them now) without copying them, and gets the parent's documents by their policy."""
+        t = now()
+        async with self._engines.write.begin() as conn:
+            parent = (await conn.execute(
+                select(conversations).where(conversations.c.key == key))).first()
+            if parent is None:
+                raise NotFound(f"no conversation {key!r}")
+            at = parent.last_seq if at_seq is None else at_seq
+            if not 0 <= at <= parent.last_seq:
+                raise ValueError(f"fork point {at} is outside {key!r} (1..{parent.last_seq})")
+            child_id = (await conn.execute(insert(conversations).values(
+                key=new_key, owner=parent.owner, parent_id=parent.id, fork_at=at, last_seq=at,
+                meta=parent.meta, created_at=t, updated_at=t).returning(conversations.c.id)
+            )).scalar_one()
+            await _versions.copy_for_fork(
+                conn, self.dialect, conversation_namespace(parent.id),
+                conversation_namespace(child_id), fork_at=at, child_conversation_id=child_id)
+            row = (await conn.execute(
+                select(conversations).where(conversations.c.id == child_id))).one()
+        return conversation_from_row(row)
+
+    async def _lineage(self, conn, conversation_id: int):
+        """(conversation id, highest visible seq or None) from the fork back to the root."""
+        chain = []
+        bound = None
+        current = conversation_id
+        while current is not None:
+            row = (await conn.execute(select(conversations.c.parent_id, conversations.c.fork_at)
+                                      .where(conversations.c.id == current))).first()
+            if row is None:
+                raise NotFound(f"no conversation id {current}")
+            chain.append((current, bound))
+            if row.fork_at is not None:
+                bound = row.fork_at if bound is None else min(bound, row.fork_at)
+            current = row.parent_id
+        return chain
+
+    async def entries_page(self, conversation_id: int, *, before: int | None = None,
+                           after: int | None = None, limit: int = 50) -> list[Entry]:
+        """One page of a transcript in order, by cursor: the `limit` entries just before
+        position `before` (default: the newest), or just after position `after`. A fork's
+        page includes its ancestors' entries up to the fork point."""
+        async with self._engines.read.connect() as conn:
+            chain = await self._lineage(conn, conversation_id)
+            visible = or_(*[
+                entries.c.conversation_id == cid if bound is None
+                else and_(entries.c.conversation_id == cid, entries.c.seq <= bound)
+                for cid, bound in chain])
+            query = select(entries).where(visible)
+            if after is not None:
+                query = query.where(entries.c.seq > after).order_by(entries.c.seq).limit(limit)
+            else:
+                if before is not None:
+                    query = query.where(entries.c.seq < before)
+                query = query.order_by(entries.c.seq.desc()).limit(limit)
+            rows = (await conn.execute(query)).all()
+        page = [entry_from_row(r) for r in rows]
+        return page if after is not None else page[::-1]
+
+    # -- tasks -------------------------------------------------------------------------
+
+    async def get_task(self, task_id: str) -> Task:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(tasks).where(tasks.c.id == task_id))).first()
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return task_from_row(row)
+
+    async def list_tasks(self, *, state: str | None = None, kind: str | None = None,
+                         parent_id: str | None = None, limit: int = 100,
+                         after_id: str | None = None) -> list[Task]:
+        query = select(tasks).order_by(tasks.c.id).limit(limit)
+        for column, value in ((tasks.c.state, state), (tasks.c.kind, kind),
+                              (tasks.c.parent_id, parent_id)):
+            if value is not None:
+                query = query.where(column == value)
+        if after_id is not None:
+            query = query.where(tasks.c.id > after_id)
+        async with self._engines.read.connect() as conn:
+            return [task_from_row(r) for r in (await conn.execute(query)).all()]
+
+    async def count_tasks(self) -> dict[str, int]:
+        async with self._engines.read.connect() as conn:
+            rows = (await conn.execute(select(tasks.c.state, func.count())
+                                       .group_by(tasks.c.state))).all()
+        return {state: n for state, n in rows}
+
+    async def claim_tasks(self, owner: str, limit: int, lease_seconds: float) -> list[Task]:
+        async with self._engines.write.begin() as conn:
+            return await _tasks.claim(conn, owner, limit, lease_seconds)
+
+    async def renew_leases(self, owner: str, task_ids: list[str], lease_seconds: float) -> int:
+        async with self._engines.write.begin() as conn:
+            return await _tasks.renew(conn, owner, task_ids, lease_seconds)
+
+    async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
+        async with self._engines.write.begin() as conn:
+            return await _tasks.recover(conn, steal_all=steal_all,
+                                        registered_kinds=registered_kinds)
+
+    async def next_due(self) -> float | None:
+        async with self._engines.read.connect() as conn:
+            return await _tasks.next_due(conn)
+
+    # -- documents, submissions, usage -------------------------------------------------
+
+    async def read_document(self, namespace: str, name: str, *, as_of_seq: int | None = None,
+                            version: int | None = None) -> DocumentVersion:
+        async with self._engines.read.connect() as conn:
+            v, value, conversation_id, at_seq = await _versions.read(
+                conn, namespace, name, as_of_seq=as_of_seq, version=version)
+        return DocumentVersion(namespace, name, v, value, conversation_id, at_seq)
+
+    async def submission_state(self, channel: str, external_id: str) -> dict[str, Any] | None:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(submissions).where(
+                submissions.c.channel == channel, submissions.c.external_id == external_id))
+            ).first()
+        return None if row is None else dict(row._mapping)
+
+    async def usage_totals(self) -> dict[str, Any]:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(
+                func.count(), func.coalesce(func.sum(usage.c.input_tokens), 0),
+                func.coalesce(func.sum(usage.c.output_tokens), 0),
+                func.coalesce(func.sum(usage.c.cost_usd), 0.0)))).one()
+        return {"calls": row[0], "input_tokens": row[1], "output_tokens": row[2],
+                "cost_usd": row[3]}

@@ -1,0 +1,144 @@
+"""`Writes`: everything one step of work wants to make durable, committed as one unit.
+
+A step (an inbound message being accepted, a task phase finishing, a delivery being
+recorded) collects its writes here and hands them to `Store.commit`, which applies all of
+them in one transaction or none. Nothing here touches the database.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.records import PENDING, UsageRecord, new_id
+
+HISTORY_POLICIES = ("latest", "rewindable")
+FORK_POLICIES = ("initial", "current", "as_of")
+
+
+@dataclass
+class NewEntry:
+    conversation_id: int
+    kind: str
+    text: str
+    data: Any = None
+    author: str | None = None
+    ref: str | None = None
+    task_id: str | None = None
+
+
+@dataclass
+class NewTask:
+    id: str
+    kind: str
+    inputs: Any
+    parent_id: str | None = None
+    conversation_id: int | None = None
+    dedupe_key: str | None = None
+    idem_key: str | None = None
+    run_after: float = 0.0
+
+
+@dataclass
+class NewSubmission:
+    channel: str
+    external_ids: list[str]
+    conversation_id: int | None = None
+    payload: Any = None
+    task_id: str | None = None
+    quarantine_reason: str | None = None
+
+
+@dataclass
+class DocumentWrite:
+    namespace: str
+    name: str
+    ops: list[dict]
+    initial: Any
+    history: str
+    fork_policy: str
+    conversation_id: int | None = None
+
+
+@dataclass
+class TaskUpdate:
+    """The new whole state of a leased task after a phase. The checkpoint replaces the old
+    one; a task left `running` keeps its lease, any other state releases it."""
+
+    task_id: str
+    owner: str
+    state: str
+    phase: str
+    checkpoint: Any = None
+    result: Any = None
+    error: str | None = None
+    wait_mode: str | None = None
+    run_after: float = 0.0
+    reset_attempts: bool = True
+
+
+@dataclass
+class Writes:
+    entries: list[NewEntry] = field(default_factory=list)
+    tasks: list[NewTask] = field(default_factory=list)
+    submissions: list[NewSubmission] = field(default_factory=list)
+    documents: list[DocumentWrite] = field(default_factory=list)
+    usage: list[UsageRecord] = field(default_factory=list)
+    task_update: TaskUpdate | None = None
+
+    def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
+               author: str | None = None, ref: str | None = None,
+               task_id: str | None = None) -> None:
+        self.entries.append(NewEntry(conversation_id, kind, text, data, author, ref, task_id))
+
+    def spawn(self, kind: str, inputs: Any, *, parent_id: str | None = None,
+              conversation_id: int | None = None, dedupe_key: str | None = None,
+              idem_key: str | None = None, run_after: float = 0.0) -> str:
+        """Create a task; its id is known now. A `dedupe_key` that already exists makes
+        this spawn a no-op (the existing task's id is reported in the commit result)."""
+        task_id = new_id()
+        self.tasks.append(NewTask(task_id, kind, inputs, parent_id, conversation_id,
+                                  dedupe_key, idem_key, run_after))
+        return task_id
+
+    def deliver(self, kind: str, inputs: Any, *, key: str | None = None,
+                parent_id: str | None = None, conversation_id: int | None = None) -> str:
+        """An outbound delivery: a task whose idempotency key is reserved now, before the
+        send, so a retry after a crash reuses it (and can look for its own message)."""
+        key = key or new_id()
+        return self.spawn(kind, inputs, parent_id=parent_id, conversation_id=conversation_id,
+                          dedupe_key=f"delivery:{key}", idem_key=key)
+
+    def submit(self, channel: str, *external_ids: str, conversation_id: int | None = None,
+               payload: Any = None, task_id: str | None = None) -> None:
+        """An inbound submission. If any of its external ids was ever seen on this channel,
+        the whole commit is a no-op and reports `duplicate`."""
+        if not external_ids:
+            raise ValueError("a submission needs at least one external id")
+        self.submissions.append(NewSubmission(channel, list(external_ids), conversation_id,
+                                              payload, task_id))
+
+    def quarantine(self, channel: str, external_id: str, reason: str, payload: Any = None):
+        """Record an inbound item that cannot be processed, with the reason; it is deduped
+        like any submission so it is never retried forever."""
+        self.submissions.append(NewSubmission(channel, [external_id], payload=payload,
+                                              quarantine_reason=reason))
+
+    def edit_document(self, namespace: str, name: str, ops: list[dict], *, initial: Any = None,
+                      history: str = "rewindable", fork_policy: str = "as_of",
+                      conversation_id: int | None = None) -> None:
+        if history not in HISTORY_POLICIES:
+            raise ValueError(f"history must be one of {HISTORY_POLICIES}, not {history!r}")
+        if fork_policy not in FORK_POLICIES:
+            raise ValueError(f"fork_policy must be one of {FORK_POLICIES}, not {fork_policy!r}")
+        self.documents.append(DocumentWrite(namespace, name, list(ops),
+                                            {} if initial is None else initial, history,
+                                            fork_policy, conversation_id))
+
+    def record_usage(self, record: UsageRecord) -> None:
+        self.usage.append(record)
+
+    def update_task(self, update: TaskUpdate) -> None:
+        self.task_update = update
+
+    def __bool__(self) -> bool:
+        return bool(self.entries or self.tasks or self.submissions or self.documents
+                    or self.usage or self.task_update)
