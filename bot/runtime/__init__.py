@@ -1,0 +1,11 @@
+"""The durable task runtime: definitions, outcomes, the runner."""
+
+from bot.runtime.context import TaskContext
+from bot.runtime.definitions import Effect, NotPerformed, Policy, Registry, TaskDef
+from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Wait
+from bot.runtime.runner import Runner, RunnerOptions
+
+__all__ = [
+    "Continue", "Done", "Effect", "Fail", "Interrupted", "NotPerformed", "Outcome", "Policy",
+    "Registry", "Runner", "RunnerOptions", "TaskContext", "TaskDef", "Wait",
+]

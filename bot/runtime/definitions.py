@@ -1,0 +1,105 @@
+"""Task definitions: the code behind a task kind.
+
+A `TaskDef` runs one phase per `step` call and returns an outcome; the runner commits the
+outcome together with the writes the phase collected. Two shapes cover everything:
+
+- a workflow (subclass `TaskDef`): phases over a checkpoint, spawning child tasks and
+  waiting on them (an agent turn, a compaction);
+- an `Effect`: one effect in the outside world wrapped in the sandwich
+  intent -> effect -> result, replayed after a crash by its `Policy`.
+"""
+
+import enum
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from bot.runtime.context import TaskContext
+from bot.runtime.killpoints import kill_point
+from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome
+
+
+class Policy(enum.StrEnum):
+    SAFE = "safe"  # repeat freely
+    KEYED = "keyed"  # repeat with the idempotency key reserved at creation
+    UNSAFE = "unsafe"  # never repeat blindly: reconcile, or report as interrupted
+
+
+class NotPerformed(Exception):
+    """Raised by an effect that knows the outside world saw nothing: safe to retry even
+    when the effect is unsafe."""
+
+
+class TaskDef(ABC):
+    kind: ClassVar[str]
+
+    @abstractmethod
+    async def step(self, ctx: TaskContext) -> Outcome: ...
+
+
+class Effect(TaskDef):
+    """One outside effect. Subclasses set `kind` and `policy` and implement `perform`;
+    unsafe effects that can look at the outside world also implement `reconcile`."""
+
+    policy: ClassVar[Policy] = Policy.UNSAFE
+
+    @abstractmethod
+    async def perform(self, ctx: TaskContext) -> Any:
+        """Do the effect and return its result. Writes added to `ctx.writes` land with the
+        result. Long effects may `ctx.save_checkpoint({"partial": ...})` as they go."""
+
+    async def reconcile(self, ctx: TaskContext) -> tuple[bool, Any]:
+        """After a crash mid-effect: (True, result) if the effect is found to have happened,
+        (False, None) if it certainly did not. The default cannot tell."""
+        raise NotImplementedError
+
+    @classmethod
+    def can_reconcile(cls) -> bool:
+        return cls.reconcile is not Effect.reconcile
+
+    async def step(self, ctx: TaskContext) -> Outcome:
+        if ctx.phase != "effect":
+            # The intent: from here on, the effect may have happened.
+            return Continue("effect", {"claim": ctx.claim})
+        started_here = isinstance(ctx.checkpoint, dict) and ctx.checkpoint.get("claim") == ctx.claim
+        if not started_here and self.policy is Policy.UNSAFE:
+            if not self.can_reconcile():
+                partial = ctx.checkpoint.get("partial") if isinstance(ctx.checkpoint, dict) else None
+                return Interrupted({"interrupted": True, "partial": partial})
+            happened, result = await self.reconcile(ctx)
+            if happened:
+                return Done(result)
+        if not started_here:
+            # Safe and keyed effects run again (keyed ones with the same key); a reconciled
+            # unsafe one that did not happen runs for the first time. Mark this claim.
+            await ctx.save_checkpoint({**(ctx.checkpoint or {}), "claim": ctx.claim})
+        try:
+            result = await self.perform(ctx)
+        except NotPerformed:
+            raise
+        except Exception as exc:
+            if self.policy is Policy.UNSAFE:
+                return Fail(f"{type(exc).__name__}: {exc}")
+            raise
+        kill_point("after-effect", self.kind)
+        return Done(result)
+
+
+class Registry:
+    def __init__(self, *defs: TaskDef):
+        self._defs: dict[str, TaskDef] = {}
+        for d in defs:
+            self.register(d)
+
+    def register(self, definition: TaskDef) -> None:
+        kind = getattr(definition, "kind", None)
+        if not kind:
+            raise ValueError(f"{type(definition).__name__} has no kind")
+        if kind in self._defs:
+            raise ValueError(f"task kind {kind!r} registered twice")
+        self._defs[kind] = definition
+
+    def get(self, kind: str) -> TaskDef | None:
+        return self._defs.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._defs)

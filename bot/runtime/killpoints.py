@@ -1,0 +1,20 @@
+"""Injected crash points for the durability tests.
+
+`STEWARD_KILL_AT=POINT` (or `POINT:KIND`) makes the process SIGKILL itself the first time
+it reaches that point (for a task of that kind). Points in the runtime: `after-intent`
+(the effect's start is committed), `after-effect` (the effect returned, its result is not
+committed yet), `after-result` (the result is committed); effects may add their own, such
+as `in-effect`. Unset in production, where this is one dict lookup.
+"""
+
+import os
+import signal
+
+_TARGET = os.environ.get("STEWARD_KILL_AT", "")
+
+
+def kill_point(point: str, kind: str = "") -> None:
+    if not _TARGET:
+        return
+    if _TARGET == point or (kind and _TARGET == f"{point}:{kind}"):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,47 @@
+"""What one phase of a task returns to the runner, which commits it with the phase's writes."""
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Commit this checkpoint and run the next phase now."""
+
+    phase: str
+    checkpoint: Any = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Commit this checkpoint and sleep until the children settle: all of them (`all`) or
+    the first failure (`fail_fast`)."""
+
+    phase: str
+    checkpoint: Any = None
+    mode: str = "all"
+
+    def __post_init__(self):
+        if self.mode not in ("all", "fail_fast"):
+            raise ValueError(f"wait mode must be 'all' or 'fail_fast', not {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class Done:
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """An unsafe effect was cut off and cannot be checked: never re-run, reported as is."""
+
+    result: Any = None
+
+
+Outcome = Continue | Wait | Done | Fail | Interrupted

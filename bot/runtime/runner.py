@@ -1,0 +1,245 @@
+"""The task runner: leases ready tasks, runs their phases, commits each outcome.
+
+One loop claims work up to `concurrency`; each claimed task runs in its own asyncio task,
+phase after phase, until it waits, ends or is handed back. Leases are renewed in the
+background; a worker that dies simply stops renewing, and its tasks become claimable.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+
+from bot.runtime.context import TaskContext
+from bot.runtime.definitions import NotPerformed, Registry
+from bot.runtime.killpoints import kill_point
+from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Wait
+from store import (
+    BLOCKED,
+    DONE,
+    FAILED,
+    INTERRUPTED,
+    PENDING,
+    RUNNING,
+    WAITING,
+    LeaseLost,
+    Store,
+    Task,
+    TaskUpdate,
+    Writes,
+    new_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerOptions:
+    concurrency: int = 8
+    lease_seconds: float = 15.0
+    max_attempts: int = 5
+    retry_base_seconds: float = 1.0
+    retry_max_seconds: float = 300.0
+    poll_seconds: float = 1.0
+
+
+class Runner:
+    def __init__(self, store: Store, registry: Registry, options: RunnerOptions | None = None,
+                 *, owner: str | None = None):
+        self.store = store
+        self.registry = registry
+        self.options = options or RunnerOptions()
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
+        self._inflight: dict[str, asyncio.Task] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def recover(self, *, steal_all: bool) -> dict:
+        """Resume what a dead process left: call once before running. `steal_all` only when
+        this process is known to be the only worker on the store."""
+        counts = await self.store.recover_tasks(steal_all=steal_all,
+                                                registered_kinds=self.registry.kinds())
+        if any(counts.values()):
+            log.info("recovered tasks: %s", counts)
+        return counts
+
+    def wake(self) -> None:
+        """New work was committed locally: look for it now rather than at the next poll."""
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """Stop claiming; tasks in flight end their current phase and are handed back."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self, *, until_idle: bool = False) -> None:
+        """Run until `stop()` (or, with `until_idle`, until no task is ready or running)."""
+        renewer = asyncio.create_task(self._renew_leases())
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                claimed = await self._claim()
+                if until_idle and not claimed and not self._inflight:
+                    if not await self._anything_due_soon():
+                        break
+                await self._sleep()
+        finally:
+            if self._inflight:
+                await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def drain(self, timeout: float) -> bool:
+        """After `stop()`: wait up to `timeout` for phases in flight; cancel the rest, which
+        stay resumable from their last commit. True if everything finished in time."""
+        self.stop()
+        if not self._inflight:
+            return True
+        _, pending = await asyncio.wait(list(self._inflight.values()), timeout=timeout)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return not pending
+
+    # -- claiming ----------------------------------------------------------------------
+
+    async def _claim(self) -> list[Task]:
+        free = self.options.concurrency - len(self._inflight)
+        if free <= 0:
+            return []
+        claimed = await self.store.claim_tasks(self.owner, free, self.options.lease_seconds)
+        for task in claimed:
+            job = asyncio.create_task(self._drive(task), name=f"task:{task.kind}:{task.id}")
+            self._inflight[task.id] = job
+            job.add_done_callback(lambda _j, tid=task.id: self._finished(tid))
+        return claimed
+
+    def _finished(self, task_id: str) -> None:
+        self._inflight.pop(task_id, None)
+        self._wake.set()
+
+    async def _anything_due_soon(self) -> bool:
+        due = await self.store.next_due()
+        return due is not None and due - time.time() <= self.options.poll_seconds * 5
+
+    async def _sleep(self) -> None:
+        timeout = self.options.poll_seconds
+        due = await self.store.next_due()
+        if due is not None:
+            timeout = max(0.0, min(timeout, due - time.time()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _renew_leases(self) -> None:
+        interval = self.options.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.store.renew_leases(self.owner, list(self._inflight),
+                                              self.options.lease_seconds)
+            except Exception:  # a transient database error must not stop renewals
+                log.exception("lease renewal failed")
+
+    # -- running one task --------------------------------------------------------------
+
+    async def _commit(self, ctx: TaskContext, update: TaskUpdate) -> None:
+        ctx.writes.update_task(update)
+        await self.store.commit(ctx.writes)
+
+    def _update(self, ctx: TaskContext, state: str, **kw) -> TaskUpdate:
+        kw.setdefault("phase", ctx.phase)
+        kw.setdefault("checkpoint", ctx.checkpoint)
+        return TaskUpdate(ctx.task.id, self.owner, state, **kw)
+
+    async def _drive(self, task: Task) -> None:
+        ctx = TaskContext(self.store, task, owner=self.owner, claim=new_id())
+        try:
+            await self._drive_phases(ctx)
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+        except Exception:  # the database itself failed; the lease will expire and retry
+            log.exception("task %s (%s): could not commit", task.id, task.kind)
+
+    async def _drive_phases(self, ctx: TaskContext) -> None:
+        task = ctx.task
+        definition = self.registry.get(task.kind)
+        if definition is None:
+            log.error("task %s: no definition for kind %r; blocked", task.id, task.kind)
+            await self._commit(ctx, self._update(
+                ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}",
+                reset_attempts=False))
+            return
+        if task.attempts > self.options.max_attempts:
+            await self._commit(ctx, self._update(
+                ctx, FAILED, error=f"dead-lettered after {task.attempts - 1} attempts; "
+                f"last error: {task.error or 'the process died during the phase'}"))
+            return
+        while True:
+            if self._stopping:
+                # Between phases: hand the task back untouched; it resumes from here.
+                await self._commit(ctx, self._update(ctx, PENDING))
+                return
+            ctx.writes = Writes()  # each phase starts with nothing to write
+            try:
+                outcome = await definition.step(ctx)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                await self._failed_attempt(ctx, exc)
+                return
+            await self._commit(ctx, self._outcome_update(ctx, outcome))
+            if isinstance(outcome, Continue):
+                ctx.phase, ctx.checkpoint = outcome.phase, outcome.checkpoint
+                if outcome.phase == "effect":
+                    kill_point("after-intent", task.kind)
+                continue
+            kill_point("after-result", task.kind)
+            return
+
+    def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
+        match outcome:
+            case Continue(phase, checkpoint):
+                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint)
+            case Wait(phase, checkpoint, mode):
+                return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
+                                    wait_mode=mode)
+            case Done(result):
+                return self._update(ctx, DONE, result=result)
+            case Fail(error, result):
+                return self._update(ctx, FAILED, error=error, result=result)
+            case Interrupted(result):
+                return self._update(ctx, INTERRUPTED, result=result,
+                                    error="interrupted: the effect was cut off and is unsafe "
+                                    "to repeat")
+        raise TypeError(f"task step returned {outcome!r}, not an outcome")
+
+    async def _failed_attempt(self, ctx: TaskContext, exc: Exception) -> None:
+        task = ctx.task
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, task.attempts,
+                    error, exc_info=not isinstance(exc, NotPerformed))
+        phase = "" if isinstance(exc, NotPerformed) else ctx.phase
+        if task.attempts >= self.options.max_attempts:
+            await self._commit(ctx, self._update(
+                ctx, FAILED, phase=phase,
+                error=f"dead-lettered after {task.attempts} attempts; last error: {error}"))
+            return
+        delay = min(self.options.retry_max_seconds,
+                    self.options.retry_base_seconds * 2 ** (task.attempts - 1))
+        delay *= random.uniform(0.5, 1.0)
+        ctx.writes = Writes()  # the failed phase's writes are dropped
+        await self._commit(ctx, self._update(ctx, PENDING, phase=phase, error=error,
+                                             run_after=time.time() + delay,
+                                             reset_attempts=False))

@@ -1,0 +1,100 @@
+"""Kill a real runtime process at each dangerous point of the effect sandwich, restart it,
+and count what the outside world saw."""
+
+import asyncio
+import collections
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from store import DONE, INTERRUPTED, Writes, open_store
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+KINDS = ("safe", "keyed", "unsafe", "unsafe_rec")
+POINTS = ("after-intent", "in-effect", "after-effect", "after-result")
+
+
+async def run_worker(url: str, ledger: Path, *, kill_at: str | None = None, timeout=60,
+                     extra=()) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "STEWARD_KILL_AT"}
+    if kill_at:
+        env["STEWARD_KILL_AT"] = kill_at
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, str(ledger), *extra, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"worker exited {proc.returncode}: {err.decode()[-3000:]}")
+    return proc.returncode
+
+
+def ledger_counts(ledger: Path) -> dict[str, list[str]]:
+    seen = collections.defaultdict(list)
+    if ledger.exists():
+        for line in ledger.read_text().splitlines():
+            task_id, key = line.split()
+            seen[task_id].append(key)
+    return seen
+
+
+async def seed(url: str) -> dict[str, str]:
+    """Two tasks of each effect kind and one fan-out workflow; returns the first task id of
+    each kind (the one a kill point hits first: the runner works oldest first)."""
+    store = await open_store(url)
+    first = {}
+    w = Writes()
+    for n in range(2):
+        for kind in KINDS:
+            task_id = w.spawn(kind, {"n": n}, idem_key=f"key-{kind}-{n}")
+            first.setdefault(kind, task_id)
+    w.spawn("fanout", {})
+    await store.commit(w)
+    await store.close()
+    return first
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_kill_and_resume(store_url, tmp_path, kind, point):
+    ledger = tmp_path / "ledger"
+    first = await seed(store_url)
+    assert await run_worker(store_url, ledger, kill_at=f"{point}:{kind}") == -signal.SIGKILL
+    assert await run_worker(store_url, ledger) == 0
+
+    store = await open_store(store_url)
+    tasks = await store.list_tasks(limit=1000)
+    await store.close()
+    seen = ledger_counts(ledger)
+    assert len(tasks) == 13  # 8 seeded effects, the fan-out and its 4 children
+    killed = first[kind]
+    for task in tasks:
+        if task.kind == "fanout":
+            assert task.state == DONE
+            assert sorted(task.result) == sorted(KINDS)
+            continue
+        runs = seen.get(task.id, [])
+        if task.id != killed or point == "after-result":
+            assert (task.state, len(runs)) == (DONE, 1), task
+            continue
+        # The task that was killed mid-sandwich, by policy.
+        if kind == "safe":
+            assert task.state == DONE
+            assert len(runs) == (1 if point == "after-intent" else 2)
+        elif kind == "keyed":
+            assert task.state == DONE
+            assert len(runs) == (1 if point == "after-intent" else 2)
+            assert set(runs) == {task.idem_key}  # re-sent with the same key
+        elif kind == "unsafe":
+            assert task.state == INTERRUPTED
+            assert len(runs) == (0 if point == "after-intent" else 1)
+            partial = None if point == "after-intent" else "half"
+            assert task.result == {"interrupted": True, "partial": partial}
+        else:  # unsafe with reconcile: looks before it leaps
+            assert task.state == DONE
+            assert len(runs) == 1
+            assert task.result.get("reconciled", False) == (point != "after-intent")
+        if task.state == DONE:
+            assert task.result["n"] == 0
