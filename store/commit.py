@@ -108,8 +108,8 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
         wait_mode=u.wait_mode, run_after=u.run_after, updated_at=t)
     if not keep_lease:
         values.update(lease_owner=None, lease_expires=None)
-    if u.reset_attempts:
-        values["attempts"] = 0
+    if u.attempts is not None:
+        values["attempts"] = u.attempts
     # Fenced: only the worker holding the lease may move the task on.
     row = (await conn.execute(
         update(tasks).where(tasks.c.id == u.task_id, tasks.c.lease_owner == u.owner,

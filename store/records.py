@@ -148,11 +148,19 @@ def entry_from_row(row) -> Entry:
     )
 
 
-def task_from_row(row) -> Task:
+def task_from_row(row, *, lenient: bool = False) -> Task:
+    """Decode a task row. Strict (for running it) raises CorruptRow; lenient (for listing
+    it) shows an undecodable value as `{"corrupt": reason}` so one bad row cannot hide the
+    others."""
     m = row._mapping
 
     def dec(column):
-        return loads(m[column], table="tasks", row_id=m["id"], column=column)
+        try:
+            return loads(m[column], table="tasks", row_id=m["id"], column=column)
+        except CorruptRow as exc:
+            if not lenient:
+                raise
+            return {"corrupt": exc.reason}
 
     return Task(
         id=m["id"], kind=m["kind"], parent_id=m["parent_id"],

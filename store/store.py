@@ -163,7 +163,7 @@ class Store:
             row = (await conn.execute(select(tasks).where(tasks.c.id == task_id))).first()
         if row is None:
             raise NotFound(f"no task {task_id}")
-        return task_from_row(row)
+        return task_from_row(row, lenient=True)
 
     async def list_tasks(self, *, state: str | None = None, kind: str | None = None,
                          parent_id: str | None = None, limit: int = 100,
@@ -176,7 +176,7 @@ class Store:
         if after_id is not None:
             query = query.where(tasks.c.id > after_id)
         async with self._engines.read.connect() as conn:
-            return [task_from_row(r) for r in (await conn.execute(query)).all()]
+            return [task_from_row(r, lenient=True) for r in (await conn.execute(query)).all()]
 
     async def count_tasks(self) -> dict[str, int]:
         async with self._engines.read.connect() as conn:

@@ -8,7 +8,7 @@ them in one transaction or none. Nothing here touches the database.
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.records import PENDING, UsageRecord, new_id
+from store.records import UsageRecord, new_id
 
 HISTORY_POLICIES = ("latest", "rewindable")
 FORK_POLICIES = ("initial", "current", "as_of")
@@ -72,7 +72,7 @@ class TaskUpdate:
     error: str | None = None
     wait_mode: str | None = None
     run_after: float = 0.0
-    reset_attempts: bool = True
+    attempts: int | None = None  # None leaves the count as it is
 
 
 @dataclass

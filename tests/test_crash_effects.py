@@ -17,7 +17,7 @@ KINDS = ("safe", "keyed", "unsafe", "unsafe_rec")
 POINTS = ("after-intent", "in-effect", "after-effect", "after-result")
 
 
-async def run_worker(url: str, ledger: Path, *, kill_at: str | None = None, timeout=60,
+async def run_worker(url: str, ledger: Path, *, kill_at: str | None = None, limit=60,
                      extra=()) -> int:
     env = {k: v for k, v in os.environ.items() if k != "STEWARD_KILL_AT"}
     if kill_at:
@@ -25,7 +25,7 @@ async def run_worker(url: str, ledger: Path, *, kill_at: str | None = None, time
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(WORKER), url, str(ledger), *extra, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    _, err = await asyncio.wait_for(proc.communicate(), limit)
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"worker exited {proc.returncode}: {err.decode()[-3000:]}")
     return proc.returncode
@@ -98,3 +98,62 @@ async def test_kill_and_resume(store_url, tmp_path, kind, point):
             assert task.result.get("reconciled", False) == (point != "after-intent")
         if task.state == DONE:
             assert task.result["n"] == 0
+
+
+async def test_poison_task_that_kills_the_process_is_dead_lettered(store_url, tmp_path):
+    """A task whose effect kills its process every time must not crash-loop forever."""
+    ledger = tmp_path / "ledger"
+    store = await open_store(store_url)
+    w = Writes()
+    poison = w.spawn("safe", {"n": 0})
+    await store.commit(w)
+    await store.close()
+    codes = [await run_worker(store_url, ledger, kill_at="in-effect:safe") for _ in range(6)]
+    assert codes == [-signal.SIGKILL] * 5 + [0]  # max_attempts is 5
+    store = await open_store(store_url)
+    task = await store.get_task(poison)
+    await store.close()
+    assert task.state == "failed"
+    assert "dead-lettered after 5 attempts" in task.error
+    assert len(ledger_counts(ledger)[poison]) == 5
+
+
+async def _start_forever(url, ledger, *extra):
+    env = {k: v for k, v in os.environ.items() if k != "STEWARD_KILL_AT"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, str(ledger), "--forever", *extra, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
+    return proc
+
+
+@pytest.mark.parametrize("drain", ["finishes", "cut-short"])
+async def test_sigterm_drains_and_exits_zero(store_url, tmp_path, drain):
+    ledger = tmp_path / "ledger"
+    store = await open_store(store_url)
+    w = Writes()
+    ids = [w.spawn("safe", {"n": n}) for n in range(3)]
+    await store.commit(w)
+    await store.close()
+    extra = ("--slow", "1.0", "--drain", "10") if drain == "finishes" else (
+        "--slow", "5", "--drain", "0.2")
+    proc = await _start_forever(store_url, ledger, *extra)
+    await asyncio.sleep(0.4)  # inside the first effect
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()[-2000:]
+
+    store = await open_store(store_url)
+    states = {t.id: t.state for t in await store.list_tasks()}
+    if drain == "finishes":
+        assert states[ids[0]] == DONE  # the running phase finished
+        assert [states[i] for i in ids[1:]] == ["pending", "pending"]
+    else:
+        assert states[ids[0]] == "running"  # left resumable, picked up on the next start
+    await store.close()
+
+    assert await run_worker(store_url, ledger) == 0
+    store = await open_store(store_url)
+    assert {t.state for t in await store.list_tasks()} == {DONE}
+    await store.close()
+    assert {i: len(v) for i, v in ledger_counts(ledger).items()} == {i: 1 for i in ids}

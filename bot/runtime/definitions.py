@@ -60,18 +60,18 @@ class Effect(TaskDef):
         if ctx.phase != "effect":
             # The intent: from here on, the effect may have happened.
             return Continue("effect", {"claim": ctx.claim})
-        started_here = isinstance(ctx.checkpoint, dict) and ctx.checkpoint.get("claim") == ctx.claim
+        checkpoint = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
+        started_here = checkpoint.get("claim") == ctx.claim
         if not started_here and self.policy is Policy.UNSAFE:
             if not self.can_reconcile():
-                partial = ctx.checkpoint.get("partial") if isinstance(ctx.checkpoint, dict) else None
-                return Interrupted({"interrupted": True, "partial": partial})
+                return Interrupted({"interrupted": True, "partial": checkpoint.get("partial")})
             happened, result = await self.reconcile(ctx)
             if happened:
                 return Done(result)
         if not started_here:
             # Safe and keyed effects run again (keyed ones with the same key); a reconciled
             # unsafe one that did not happen runs for the first time. Mark this claim.
-            await ctx.save_checkpoint({**(ctx.checkpoint or {}), "claim": ctx.claim})
+            await ctx.save_checkpoint({**checkpoint, "claim": ctx.claim})
         try:
             result = await self.perform(ctx)
         except NotPerformed:

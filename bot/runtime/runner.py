@@ -100,13 +100,13 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-    async def drain(self, timeout: float) -> bool:
-        """After `stop()`: wait up to `timeout` for phases in flight; cancel the rest, which
+    async def drain(self, grace: float) -> bool:
+        """After `stop()`: wait up to `grace` seconds for phases in flight; cancel the rest, which
         stay resumable from their last commit. True if everything finished in time."""
         self.stop()
         if not self._inflight:
             return True
-        _, pending = await asyncio.wait(list(self._inflight.values()), timeout=timeout)
+        _, pending = await asyncio.wait(list(self._inflight.values()), timeout=grace)
         for t in pending:
             t.cancel()
         if pending:
@@ -161,6 +161,7 @@ class Runner:
     def _update(self, ctx: TaskContext, state: str, **kw) -> TaskUpdate:
         kw.setdefault("phase", ctx.phase)
         kw.setdefault("checkpoint", ctx.checkpoint)
+        kw.setdefault("attempts", 0)
         return TaskUpdate(ctx.task.id, self.owner, state, **kw)
 
     async def _drive(self, task: Task) -> None:
@@ -178,18 +179,18 @@ class Runner:
         if definition is None:
             log.error("task %s: no definition for kind %r; blocked", task.id, task.kind)
             await self._commit(ctx, self._update(
-                ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}",
-                reset_attempts=False))
+                ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
             return
         if task.attempts > self.options.max_attempts:
             await self._commit(ctx, self._update(
                 ctx, FAILED, error=f"dead-lettered after {task.attempts - 1} attempts; "
                 f"last error: {task.error or 'the process died during the phase'}"))
             return
+        attempt = task.attempts  # tries of the current phase, this one included
         while True:
             if self._stopping:
                 # Between phases: hand the task back untouched; it resumes from here.
-                await self._commit(ctx, self._update(ctx, PENDING))
+                await self._commit(ctx, self._update(ctx, PENDING, attempts=0))
                 return
             ctx.writes = Writes()  # each phase starts with nothing to write
             try:
@@ -197,9 +198,10 @@ class Runner:
             except LeaseLost:
                 raise
             except Exception as exc:
-                await self._failed_attempt(ctx, exc)
+                await self._failed_attempt(ctx, exc, attempt)
                 return
             await self._commit(ctx, self._outcome_update(ctx, outcome))
+            attempt = 1
             if isinstance(outcome, Continue):
                 ctx.phase, ctx.checkpoint = outcome.phase, outcome.checkpoint
                 if outcome.phase == "effect":
@@ -211,7 +213,9 @@ class Runner:
     def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
         match outcome:
             case Continue(phase, checkpoint):
-                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint)
+                # The next phase starts now, in this claim: that is its first try.
+                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint,
+                                    attempts=1)
             case Wait(phase, checkpoint, mode):
                 return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
                                     wait_mode=mode)
@@ -225,21 +229,20 @@ class Runner:
                                     "to repeat")
         raise TypeError(f"task step returned {outcome!r}, not an outcome")
 
-    async def _failed_attempt(self, ctx: TaskContext, exc: Exception) -> None:
+    async def _failed_attempt(self, ctx: TaskContext, exc: Exception, attempt: int) -> None:
         task = ctx.task
         error = f"{type(exc).__name__}: {exc}"
-        log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, task.attempts,
+        log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
                     error, exc_info=not isinstance(exc, NotPerformed))
         phase = "" if isinstance(exc, NotPerformed) else ctx.phase
-        if task.attempts >= self.options.max_attempts:
+        if attempt >= self.options.max_attempts:
             await self._commit(ctx, self._update(
                 ctx, FAILED, phase=phase,
-                error=f"dead-lettered after {task.attempts} attempts; last error: {error}"))
+                error=f"dead-lettered after {attempt} attempts; last error: {error}"))
             return
         delay = min(self.options.retry_max_seconds,
-                    self.options.retry_base_seconds * 2 ** (task.attempts - 1))
+                    self.options.retry_base_seconds * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
         ctx.writes = Writes()  # the failed phase's writes are dropped
         await self._commit(ctx, self._update(ctx, PENDING, phase=phase, error=error,
-                                             run_after=time.time() + delay,
-                                             reset_attempts=False))
+                                             run_after=time.time() + delay, attempts=attempt))

@@ -1,0 +1,266 @@
+"""The task runner in-process, on both backends: waits, blocking, dead letters, corrupt
+rows, leases and several workers."""
+
+import asyncio
+
+from sqlalchemy import insert, update
+
+from bot.runtime import (
+    Done,
+    Effect,
+    Fail,
+    NotPerformed,
+    Policy,
+    Registry,
+    Runner,
+    RunnerOptions,
+    TaskDef,
+    Wait,
+)
+from store import BLOCKED, DONE, FAILED, PENDING, RUNNING, WAITING, Writes
+from store.records import now
+from store.schema import tasks
+
+FAST = RunnerOptions(concurrency=4, lease_seconds=5, max_attempts=3, retry_base_seconds=0.01,
+                     retry_max_seconds=0.02, poll_seconds=0.02)
+
+
+class Echo(Effect):
+    kind = "echo"
+    policy = Policy.SAFE
+
+    def __init__(self):
+        self.calls = []
+
+    async def perform(self, ctx):
+        self.calls.append(ctx.task.id)
+        if ctx.inputs.get("fail"):
+            raise RuntimeError(f"boom {ctx.inputs['fail']}")
+        return {"echo": ctx.inputs}
+
+
+class Flaky(Effect):
+    """Fails clean (nothing happened) the first `fails` times."""
+
+    kind = "flaky"
+    policy = Policy.UNSAFE
+
+    def __init__(self, fails: int):
+        self.fails = fails
+        self.calls = 0
+
+    async def perform(self, ctx):
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise NotPerformed("service unavailable")
+        return "ok"
+
+
+class Parent(TaskDef):
+    kind = "parent"
+
+    async def step(self, ctx):
+        if ctx.phase == "":
+            for inputs in ctx.inputs["children"]:
+                ctx.spawn("echo", inputs)
+            return Wait("gather", {"n": len(ctx.inputs["children"])}, mode=ctx.inputs["mode"])
+        children = await ctx.children()
+        states = sorted(c.state for c in children)
+        if FAILED in states:
+            return Fail("a child failed", {"states": states})
+        return Done({"states": states, "checkpoint": ctx.checkpoint})
+
+
+async def run_all(store, *defs, options=FAST, steal_all=True):
+    runner = Runner(store, Registry(*defs), options)
+    await runner.recover(steal_all=steal_all)
+    await asyncio.wait_for(runner.run(until_idle=True), 30)
+    return runner
+
+
+async def spawn(store, kind, inputs, **kw):
+    w = Writes()
+    task_id = w.spawn(kind, inputs, **kw)
+    await store.commit(w)
+    return task_id
+
+
+async def test_parent_waits_for_all_children(store):
+    echo = Echo()
+    parent = await spawn(store, "parent", {"mode": "all", "children": [{"a": 1}, {"a": 2}]})
+    await run_all(store, echo, Parent())
+    task = await store.get_task(parent)
+    assert task.state == DONE
+    assert task.result == {"states": [DONE, DONE], "checkpoint": {"n": 2}}
+    assert len(echo.calls) == 2
+
+
+async def test_fail_fast_wakes_parent_on_first_failure(store):
+    class SlowEcho(Echo):
+        async def perform(self, ctx):
+            if not ctx.inputs.get("fail"):
+                await asyncio.sleep(0.5)
+            return await super().perform(ctx)
+
+    parent = await spawn(store, "parent", {"mode": "fail_fast",
+                                           "children": [{"fail": 1}, {"slow": 1}]})
+    runner = Runner(store, Registry(SlowEcho(), Parent()),
+                    RunnerOptions(concurrency=4, max_attempts=1, poll_seconds=0.02))
+    await runner.recover(steal_all=True)
+    job = asyncio.create_task(runner.run(until_idle=True))
+    for _ in range(200):
+        if (await store.get_task(parent)).state == FAILED:
+            break
+        await asyncio.sleep(0.01)
+    slow = [c for c in await store.list_tasks(parent_id=parent) if c.inputs.get("slow")][0]
+    assert (await store.get_task(parent)).state == FAILED
+    assert (await store.get_task(slow.id)).state != DONE  # parent did not wait for it
+    await job
+    assert (await store.get_task(slow.id)).state == DONE
+
+
+async def test_parent_with_all_children_settled_does_not_sleep(store):
+    parent = await spawn(store, "parent", {"mode": "all", "children": []})
+    await run_all(store, Echo(), Parent())
+    assert (await store.get_task(parent)).state == DONE
+
+
+async def test_unknown_kind_is_blocked_then_resumes_when_registered(store):
+    lost = await spawn(store, "echo", {"x": 1})
+    other = await spawn(store, "parent", {"mode": "all", "children": []})
+    await run_all(store, Parent())  # a build without the echo definition
+    blocked = await store.get_task(lost)
+    assert blocked.state == BLOCKED
+    assert "no definition" in blocked.error
+    assert (await store.get_task(other)).state == DONE
+    echo = Echo()
+    await run_all(store, echo, Parent())
+    assert (await store.get_task(lost)).state == DONE
+    assert echo.calls == [lost]
+
+
+async def test_failing_effect_is_dead_lettered_after_max_attempts(store):
+    echo = Echo()
+    bad = await spawn(store, "echo", {"fail": 1})
+    good = await spawn(store, "echo", {"ok": 1})
+    await run_all(store, echo)
+    task = await store.get_task(bad)
+    assert task.state == FAILED
+    assert "dead-lettered after 3 attempts" in task.error and "boom 1" in task.error
+    assert echo.calls.count(bad) == 3
+    assert (await store.get_task(good)).state == DONE
+    assert (await store.list_tasks(state=FAILED))[0].id == bad  # visible
+
+
+async def test_unsafe_effect_that_was_not_performed_is_retried(store):
+    flaky = Flaky(fails=2)
+    task_id = await spawn(store, "flaky", {})
+    await run_all(store, flaky)
+    task = await store.get_task(task_id)
+    assert (task.state, task.result, flaky.calls) == (DONE, "ok", 3)
+
+
+async def test_unsafe_effect_that_raises_fails_without_retry(store):
+    class Charge(Effect):
+        kind = "charge"
+        calls = 0
+
+        async def perform(self, ctx):
+            Charge.calls += 1
+            raise ConnectionError("reset by peer")
+
+    task_id = await spawn(store, "charge", {})
+    await run_all(store, Charge())
+    task = await store.get_task(task_id)
+    assert (task.state, Charge.calls) == (FAILED, 1)
+    assert "reset by peer" in task.error
+
+
+async def test_corrupt_row_is_blocked_and_the_rest_runs(store):
+    async with store._engines.write.begin() as conn:
+        await conn.execute(insert(tasks).values(
+            id="00000000000000000000000000", kind="echo", state=PENDING, phase="",
+            inputs="{not json", attempts=0, run_after=0.0, created_at=now(), updated_at=now()))
+    good = await spawn(store, "echo", {"ok": 1})
+    echo = Echo()
+    await run_all(store, echo)
+    assert (await store.get_task(good)).state == DONE
+    assert echo.calls == [good]
+    [listed] = await store.list_tasks(state=BLOCKED)  # reported, not hidden
+    assert listed.id == "00000000000000000000000000"
+    assert "corrupt tasks row" in listed.error
+    assert "corrupt" in listed.inputs
+
+
+async def test_expired_lease_of_a_dead_worker_is_taken_over(store):
+    echo = Echo()
+    task_id = await spawn(store, "echo", {"x": 1})
+    # Another worker claimed it, then died: its lease runs out.
+    [claimed] = await store.claim_tasks("dead-worker", 1, lease_seconds=0.2)
+    assert claimed.id == task_id
+    runner = await run_all(store, echo, steal_all=False)
+    assert (await store.get_task(task_id)).state == RUNNING  # lease still valid: left alone
+    await asyncio.sleep(0.3)
+    await asyncio.wait_for(runner.run(until_idle=True), 10)
+    assert (await store.get_task(task_id)).state == DONE
+    assert echo.calls == [task_id]
+
+
+async def test_two_workers_run_each_task_once(store):
+    echo = Echo()
+    w = Writes()
+    ids = [w.spawn("echo", {"i": i}) for i in range(120)]
+    await store.commit(w)
+    runners = [Runner(store, Registry(echo), FAST) for _ in range(2)]
+    await asyncio.wait_for(asyncio.gather(*(r.run(until_idle=True) for r in runners)), 60)
+    assert sorted(echo.calls) == sorted(ids)
+    assert (await store.count_tasks()) == {DONE: 120}
+
+
+async def test_stop_hands_back_between_phases(store):
+    class TwoPhase(TaskDef):
+        kind = "two"
+
+        async def step(self, ctx):
+            if ctx.phase == "":
+                runner.stop()
+                from bot.runtime import Continue
+                return Continue("second", {"first": True})
+            return Done(ctx.checkpoint)
+
+    runner = Runner(store, Registry(TwoPhase()), FAST)
+    task_id = await spawn(store, "two", {})
+    await runner.run()
+    task = await store.get_task(task_id)
+    assert (task.state, task.phase, task.checkpoint) == (PENDING, "second", {"first": True})
+    await run_all(store, TwoPhase())
+    assert (await store.get_task(task_id)).result == {"first": True}
+
+
+async def test_waiting_task_stays_waiting_across_recovery(store):
+    parent = await spawn(store, "parent", {"mode": "all", "children": [{"a": 1}]})
+    await run_all(store, Parent())  # echo not registered: its child blocks
+    assert (await store.get_task(parent)).state == WAITING
+    counts = await Runner(store, Registry(Parent())).recover(steal_all=True)
+    assert counts["resumed"] == 0
+    assert (await store.get_task(parent)).state == WAITING
+    await run_all(store, Echo(), Parent())
+    assert (await store.get_task(parent)).state == DONE
+
+
+async def test_lease_is_fenced(store):
+    task_id = await spawn(store, "echo", {})
+    await store.claim_tasks("w1", 1, lease_seconds=60)
+    async with store._engines.write.begin() as conn:
+        await conn.execute(update(tasks).where(tasks.c.id == task_id)
+                           .values(lease_owner="w2"))
+    from store import LeaseLost, TaskUpdate
+    w = Writes()
+    w.update_task(TaskUpdate(task_id, "w1", DONE, ""))
+    try:
+        await store.commit(w)
+    except LeaseLost:
+        pass
+    else:
+        raise AssertionError("a worker without the lease moved the task on")
+    assert (await store.get_task(task_id)).state == RUNNING
