@@ -104,6 +104,9 @@ documents = Table(
     Column("history", String(16), nullable=False),
     Column("fork_policy", String(16), nullable=False),
     Column("version", Integer, nullable=False, default=0),
+    # A fork's copy: positions before fork_at are read from the document it came from.
+    Column("forked_from", BigId, ForeignKey("documents.id")),
+    Column("fork_at", BigInteger),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     UniqueConstraint("namespace", "name", name="uq_documents_namespace_name"),

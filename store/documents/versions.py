@@ -5,12 +5,13 @@ History `rewindable` keeps every version, so a read as of any transcript positio
 history `latest` keeps only version 0 and the newest snapshot.
 """
 
+import logging
 from typing import Any
 
 from sqlalchemy import and_, delete, func, insert, select, update
 
 from store.documents.ops import OpError, apply_ops
-from store.errors import DocumentCorrupt, DocumentError, NotFound
+from store.errors import DocumentCorrupt, DocumentError, NotFound, StoreError
 from store.records import dumps, loads, now
 from store.schema import document_versions as dv
 from store.schema import documents
@@ -18,6 +19,8 @@ from store.sql import insert_ignore
 from store.writes import DocumentWrite
 
 BASE_EVERY = 32
+
+log = logging.getLogger(__name__)
 
 
 async def find(conn, namespace: str, name: str, *, lock: bool = False):
@@ -58,10 +61,19 @@ async def read(conn, namespace: str, name: str, *, as_of_seq: int | None = None,
                version: int | None = None) -> tuple[int, Any, int | None, int | None]:
     """(version, value, conversation_id, at_seq) of the newest version, or of the newest one
     written at or before transcript position `as_of_seq` (history `latest` has only the
-    newest, so it answers every as-of read with that)."""
+    newest, so it answers every as-of read with that). A fork's copy answers for positions
+    before its fork point from the document it was copied from: that past is shared."""
     doc = await find(conn, namespace, name)
     if doc is None:
         raise NotFound(f"no document {name!r} in {namespace!r}")
+    return await _read_doc(conn, doc, as_of_seq=as_of_seq, version=version)
+
+
+async def _read_doc(conn, doc, *, as_of_seq: int | None, version: int | None):
+    while (version is None and as_of_seq is not None and doc.forked_from is not None
+           and as_of_seq < doc.fork_at):
+        doc = (await conn.execute(select(documents).where(documents.c.id == doc.forked_from))
+               ).one()
     cond = [dv.c.document_id == doc.id]
     if version is not None:
         cond.append(dv.c.version == version)
@@ -72,18 +84,20 @@ async def read(conn, namespace: str, name: str, *, as_of_seq: int | None = None,
         .where(and_(*cond)).order_by(dv.c.version.desc()).limit(1)
     )).first()
     if row is None:
-        raise NotFound(f"document {name!r} in {namespace!r} has no version {version}")
+        raise NotFound(f"document {doc.name!r} in {doc.namespace!r} has no version {version}")
     return row.version, await _value_at(conn, doc.id, row.version), row.conversation_id, row.at_seq
 
 
 async def create(conn, dialect: str, namespace: str, name: str, *, initial: Any, history: str,
-                 fork_policy: str, conversation_id: int | None):
+                 fork_policy: str, conversation_id: int | None, forked_from: int | None = None,
+                 fork_at: int | None = None):
     """Create the document with its version 0 if it does not exist; return its row locked."""
     t = now()
     inserted = (await conn.execute(
         insert_ignore(dialect, documents, "namespace", "name")
         .values(namespace=namespace, name=name, history=history, fork_policy=fork_policy,
-                version=0, created_at=t, updated_at=t)
+                version=0, forked_from=forked_from, fork_at=fork_at, created_at=t,
+                updated_at=t)
         .returning(documents.c.id)
     )).first()
     if inserted is not None:
@@ -127,18 +141,24 @@ async def copy_for_fork(conn, dialect: str, parent_ns: str, child_ns: str, *, fo
                         child_conversation_id: int) -> None:
     """Give a new fork its own copy of each of the parent's documents, chosen by the
     document's fork policy: `initial` (version 0), `current` (newest) or `as_of` (as of the
-    fork point)."""
+    fork point). A document whose history is corrupt is left out (and logged) rather than
+    making the whole conversation impossible to fork."""
     rows = (await conn.execute(select(documents).where(documents.c.namespace == parent_ns))).all()
     for doc in rows:
-        if doc.fork_policy == "initial":
-            value = await _value_at(conn, doc.id, 0)
-        elif doc.fork_policy == "current":
-            value = await _value_at(conn, doc.id, doc.version)
-        else:
-            _, value, _, _ = await read(conn, parent_ns, doc.name, as_of_seq=fork_at)
-        initial = await _value_at(conn, doc.id, 0)
+        try:
+            initial = await _value_at(conn, doc.id, 0)
+            if doc.fork_policy == "initial":
+                value = initial
+            elif doc.fork_policy == "current":
+                value = await _value_at(conn, doc.id, doc.version)
+            else:
+                _, value, _, _ = await _read_doc(conn, doc, as_of_seq=fork_at, version=None)
+        except StoreError as exc:
+            log.error("fork of %s leaves out document %r: %s", parent_ns, doc.name, exc)
+            continue
         await create(conn, dialect, child_ns, doc.name, initial=initial, history=doc.history,
-                     fork_policy=doc.fork_policy, conversation_id=child_conversation_id)
+                     fork_policy=doc.fork_policy, conversation_id=child_conversation_id,
+                     forked_from=doc.id, fork_at=fork_at)
         if value != initial:
             await write(conn, dialect, DocumentWrite(
                 child_ns, doc.name, [{"op": "set", "path": [], "value": value}], initial,

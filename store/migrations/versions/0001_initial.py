@@ -89,6 +89,8 @@ def upgrade() -> None:
         sa.Column("history", sa.String(16), nullable=False),
         sa.Column("fork_policy", sa.String(16), nullable=False),
         sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("forked_from", BigId, sa.ForeignKey("documents.id")),
+        sa.Column("fork_at", sa.BigInteger),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.UniqueConstraint("namespace", "name", name="uq_documents_namespace_name"),

@@ -1,0 +1,159 @@
+"""The `steward` command line (also `python -m bot`). Contract in DESIGN.md."""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot import app
+from bot.config import Config, ConfigError, load_config
+from store import STATES, StoreError, conversation_namespace
+from store.engine import create_engines, migrate
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="steward", description="A durable personal agent.")
+    p.add_argument("--home", help="data directory (env STEWARD_HOME)")
+    p.add_argument("--config", help="config file (env STEWARD_CONFIG)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
+    sub.add_parser("resume", help="finish all interrupted or pending work, then exit")
+    db = sub.add_parser("db", help="database maintenance")
+    db.add_argument("action", choices=["upgrade"])
+
+    def listing(name, help_):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--json", action="store_true", help="one JSON object per line")
+        sp.add_argument("--limit", type=int, default=50)
+        return sp
+
+    tasks = listing("tasks", "tasks by state")
+    tasks.add_argument("--state", choices=STATES)
+    listing("sessions", "conversations, newest first")
+    log = listing("log", "a page of a transcript")
+    log.add_argument("key")
+    log.add_argument("--before", type=int, help="entries before this position")
+    fork = sub.add_parser("fork", help="fork a conversation")
+    fork.add_argument("key")
+    fork.add_argument("--at", type=int, help="entry position (default: the newest)")
+    fork.add_argument("--as", dest="new_key", help="key of the fork")
+    doc = sub.add_parser("doc", help="read a conversation's document")
+    doc.add_argument("key")
+    doc.add_argument("name")
+    doc.add_argument("--as-of", type=int, help="as it was at this entry position")
+    doc.add_argument("--json", action="store_true")
+    return p
+
+
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _emit(rows: list[dict], as_json: bool, columns: list[str]) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False, default=str))
+        return
+    for row in rows:
+        print("  ".join(str(row.get(c, "")) for c in columns))
+
+
+async def _tasks(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        found = await store.list_tasks(state=args.state, limit=args.limit)
+    rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
+             "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
+             "updated": _ts(t.updated_at)} for t in found]
+    _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "error"])
+    return 0
+
+
+async def _sessions(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        found = await store.list_conversations(limit=args.limit)
+    rows = [{"key": c.key, "entries": c.last_seq, "owner": c.owner,
+             "parent": c.parent_id, "fork_at": c.fork_at, "updated": _ts(c.updated_at)}
+            for c in found]
+    _emit(rows, args.json, ["key", "entries", "updated"])
+    return 0
+
+
+async def _log(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        conv = await store.get_conversation(args.key)
+        page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
+    rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "author": e.author,
+             "text": e.text, "ts": _ts(e.created_at), "ref": e.ref} for e in page]
+    if args.json:
+        _emit(rows, True, [])
+    else:
+        for r in rows:
+            print(f"[{r['entry']}] {r['ts']} {r['kind']}{' ' + r['author'] if r['author'] else ''}:"
+                  f" {r['text']}")
+    return 0
+
+
+async def _fork(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        parent = await store.get_conversation(args.key)
+        at = parent.last_seq if args.at is None else args.at
+        child = await store.fork(args.key, args.new_key or f"{args.key}@{at}", at_seq=at)
+    print(child.key)
+    return 0
+
+
+async def _doc(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        conv = await store.get_conversation(args.key)
+        doc = await store.read_document(conversation_namespace(conv.id), args.name,
+                                        as_of_seq=args.as_of)
+    if args.json:
+        print(json.dumps({"session": args.key, "name": args.name, "version": doc.version,
+                          "at": doc.at_seq, "value": doc.value}, ensure_ascii=False))
+    else:
+        print(json.dumps(doc.value, indent=2, ensure_ascii=False))
+    return 0
+
+
+async def _db(config: Config, args) -> int:
+    engines = create_engines(config.store_url)
+    try:
+        await migrate(engines)
+    finally:
+        await engines.dispose()
+    print("database is up to date")
+    return 0
+
+
+COMMANDS = {
+    "run": lambda c, a: app.run_forever(c),
+    "resume": lambda c, a: app.resume(c),
+    "db": _db, "tasks": _tasks, "sessions": _sessions, "log": _log, "fork": _fork,
+    "doc": _doc,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config, args.home, os.environ, Path.cwd())
+        return asyncio.run(COMMANDS[args.command](config, args))
+    except (ConfigError, StoreError, ValueError) as exc:
+        if os.environ.get("STEWARD_DEBUG"):
+            raise
+        print(f"steward: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
