@@ -1,0 +1,101 @@
+"""The `steward` command as a user runs it: real subprocesses, a temporary home."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from store import Writes, conversation_namespace, open_store
+
+
+def steward_env(home, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STEWARD_") and not k.startswith("XDG_")}
+    env.update(STEWARD_HOME=str(home), XDG_CONFIG_HOME=str(home / "xdg"), **extra)
+    return env
+
+
+async def steward(home, *args, cwd=None, env=None):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *args, env=env or steward_env(home), cwd=cwd or home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+def home(tmp_path):
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+async def test_first_run_creates_the_sqlite_store(home):
+    code, out, err = await steward(home, "db", "upgrade")
+    assert (code, out.strip()) == (0, "database is up to date"), err
+    assert (home / "steward.db").exists()
+    code, out, _ = await steward(home, "tasks", "--json")
+    assert (code, out) == (0, "")
+
+
+async def test_bad_config_fails_with_one_line_naming_file_and_key(home):
+    (home / "config.toml").write_text('[slack]\nenabled = true\nmode = "carrier-pigeon"\n')
+    code, out, err = await steward(home, "tasks")
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"steward: {home / 'config.toml'}: [slack] mode: Input should be 'socket' or 'http' "
+        "(got 'carrier-pigeon')"]
+
+
+async def test_missing_secret_fails_at_start(home):
+    (home / "config.toml").write_text('[slack]\nenabled = true\n')
+    code, _, err = await steward(home, "run")
+    assert code == 2
+    assert "[slack] bot_token_env: environment variable SLACK_BOT_TOKEN is not set" in err
+
+
+async def test_inspection_commands(home):
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    conv = await store.ensure_conversation("cli:demo")
+    for n in range(1, 6):
+        w = Writes()
+        w.append(conv.id, "user", f"message {n}", author="ana")
+        w.edit_document(conversation_namespace(conv.id), "todo",
+                        [{"op": "append", "path": ["items"], "value": f"item {n}"}],
+                        initial={"items": []}, conversation_id=conv.id)
+        await store.commit(w)
+    await store.close()
+
+    code, out, err = await steward(home, "log", "cli:demo", "--json", "--limit", "2")
+    assert code == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == ["message 4", "message 5"]
+    code, out, _ = await steward(home, "log", "cli:demo", "--before", "3")
+    assert [line.split()[0] for line in out.splitlines()] == ["[1]", "[2]"]
+
+    code, out, _ = await steward(home, "doc", "cli:demo", "todo", "--as-of", "2", "--json")
+    assert json.loads(out)["value"] == {"items": ["item 1", "item 2"]}
+
+    code, out, _ = await steward(home, "fork", "cli:demo", "--at", "3", "--as", "cli:alt")
+    assert (code, out.strip()) == (0, "cli:alt")
+    code, out, _ = await steward(home, "doc", "cli:alt", "todo")
+    assert json.loads(out) == {"items": ["item 1", "item 2", "item 3"]}
+
+    code, out, _ = await steward(home, "sessions", "--json")
+    sessions = {json.loads(line)["key"]: json.loads(line) for line in out.splitlines()}
+    assert sessions["cli:demo"]["entries"] == 5 and sessions["cli:alt"]["fork_at"] == 3
+
+    code, _, err = await steward(home, "log", "cli:nope")
+    assert (code, err.strip()) == (1, "steward: no conversation 'cli:nope'")
+
+
+async def test_run_drains_on_sigterm_and_exits_zero(home):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=steward_env(home), cwd=home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.startswith(b"steward: running on sqlite")
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0
