@@ -136,9 +136,12 @@ class Runner:
 
     async def _sleep(self) -> None:
         timeout = self.options.poll_seconds
-        due = await self.store.next_due()
-        if due is not None:
-            timeout = max(0.0, min(timeout, due - time.time()))
+        # With every slot busy only a finished task can let more work in: wait for that
+        # (or a poll) instead of asking the database when the next task is due.
+        if len(self._inflight) < self.options.concurrency:
+            due = await self.store.next_due()
+            if due is not None:
+                timeout = max(0.0, min(timeout, due - time.time()))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
