@@ -465,3 +465,23 @@ async def test_opening_the_same_store_twice_is_idempotent(store_url):
         assert versions == ["0001"]
     finally:
         await second.close()
+
+
+async def test_a_delivery_reserves_its_key_and_is_created_once(store):
+    conv = await store.ensure_conversation("cli:deliveries")
+    first = Writes()
+    task_id = first.deliver("reply", {"text": "hi"}, key="msg-1", conversation_id=conv.id)
+    result = await store.commit(first)
+    assert result.task_ids == [task_id]
+    task = await store.get_task(task_id)
+    assert (task.idem_key, task.state) == ("msg-1", "pending")  # stored before any send
+
+    again = Writes()
+    again.deliver("reply", {"text": "hi"}, key="msg-1", conversation_id=conv.id)
+    assert (await store.commit(again)).task_ids == [task_id]  # same key: the same delivery
+    assert len(await store.list_tasks(kind="reply")) == 1
+
+    fresh = Writes()
+    other = fresh.deliver("reply", {"text": "hello"})
+    await store.commit(fresh)
+    assert (await store.get_task(other)).idem_key  # a key is reserved even when not given
