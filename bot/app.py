@@ -1,29 +1,59 @@
-"""Application wiring: config -> store -> task definitions -> runner. Connectors plug in
-here (never into the core) as they arrive."""
+"""Application wiring: config -> store -> LLM client, tools, channels -> task definitions
+-> runner. Connectors plug in here (never into the core) as they arrive."""
 
 import asyncio
 import logging
+import os
 import signal
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
+import httpx
+
+from bot.agent.deliver import Deliver
+from bot.agent.deps import AgentDeps
+from bot.agent.llm_call import LLMCall
+from bot.agent.tool_call import ToolCallTask
+from bot.agent.turn import Turn
 from bot.config import Config
+from bot.llm.factory import make_client
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
+from bot.tools import ToolBox, builtin_tools
+from connectors.terminal import TerminalChannel
 from store import Store, open_store
 
 log = logging.getLogger(__name__)
-
-
-def build_registry(config: Config) -> Registry:
-    """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
-    return Registry()
 
 
 def runner_options(config: Config) -> RunnerOptions:
     r = config.runtime
     return RunnerOptions(concurrency=r.concurrency, lease_seconds=r.lease_seconds,
                          max_attempts=r.max_attempts, retry_base_seconds=r.retry_base_seconds,
-                         retry_max_seconds=r.retry_max_seconds)
+                         retry_max_seconds=r.retry_max_seconds, poll_seconds=0.5)
+
+
+def build_registry(deps: AgentDeps) -> Registry:
+    """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
+    return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps))
+
+
+async def build_toolbox(config: Config) -> ToolBox:
+    toolbox = ToolBox()
+    for t in builtin_tools():
+        toolbox.register(t)
+    for module in config.agent.tool_modules:
+        await asyncio.to_thread(toolbox.load_module, module)  # imports read files
+    return toolbox
+
+
+@dataclass
+class App:
+    config: Config
+    store: Store
+    deps: AgentDeps
+    runner: Runner
+    banner: str | None  # one line for the user when no real model is configured
 
 
 @asynccontextmanager
@@ -35,42 +65,42 @@ async def opened_store(config: Config):
         await store.close()
 
 
-async def start_runner(config: Config, store: Store) -> tuple[Runner, RunnerLock]:
-    """A runner that has already resumed what the last process left behind."""
-    runner = Runner(store, build_registry(config), runner_options(config))
-    lock = RunnerLock(config.home / "runner.lock")
-    alone = store.single_node and await asyncio.to_thread(lock.try_acquire)
-    counts = await runner.recover(steal_all=alone)
-    log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
-    return runner, lock
+@asynccontextmanager
+async def open_app(config: Config):
+    """The whole agent in this process, with what the last process left already resumed."""
+    async with opened_store(config) as store, httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=10.0)) as http:
+        client, banner = await make_client(config.llm, env=os.environ, http=http)
+        deps = AgentDeps(store=store, config=config, client=client,
+                         toolbox=await build_toolbox(config), http=http)
+        deps.channels["cli"] = TerminalChannel(deps.events)
+        runner = Runner(store, build_registry(deps), runner_options(config))
+        deps.wake = runner.wake
+        lock = RunnerLock(config.home / "runner.lock")
+        alone = store.single_node and await asyncio.to_thread(lock.try_acquire)
+        try:
+            counts = await runner.recover(steal_all=alone)
+            log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
+            yield App(config, store, deps, runner, banner)
+        finally:
+            lock.release()
 
 
 async def run_forever(config: Config) -> int:
     """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0."""
-    async with opened_store(config) as store:
-        runner, lock = await start_runner(config, store)
+    async with open_app(config) as app:
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
-        serving = asyncio.create_task(runner.run())
-        print(f"steward: running on {store.dialect} ({config.home}); "
+        serving = asyncio.create_task(app.runner.run())
+        if app.banner:
+            print(app.banner, flush=True)
+        print(f"steward: running on {app.store.dialect} ({config.home}); "
               "no connectors enabled yet; Ctrl-C to stop", flush=True)
         await stopped.wait()
-        finished = await runner.drain(config.runtime.drain_seconds)
+        finished = await app.runner.drain(config.runtime.drain_seconds)
         await serving
-        lock.release()
         if not finished:
             log.warning("drain timed out; unfinished phases resume on the next start")
-    return 0
-
-
-async def resume(config: Config) -> int:
-    """`steward resume`: finish everything that is ready or interrupted, then exit."""
-    async with opened_store(config) as store:
-        runner, lock = await start_runner(config, store)
-        await runner.run(until_idle=True)
-        lock.release()
-        counts = await store.count_tasks()
-    print("tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
     return 0

@@ -9,10 +9,13 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bot import app
+from bot import app, chat
+from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
 from store import STATES, StoreError, conversation_namespace
 from store.engine import create_engines, migrate
+
+DEFAULT_SESSION = "cli:default"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
     sub.add_parser("resume", help="finish all interrupted or pending work, then exit")
+    chat = sub.add_parser("chat", help="talk to the agent in the terminal")
+    chat.add_argument("--session", default=DEFAULT_SESSION)
+    ask = sub.add_parser("ask", help="one message; print the reply; exit")
+    ask.add_argument("--session", default=DEFAULT_SESSION)
+    ask.add_argument("--request-id", help="asking twice with the same id answers once")
+    ask.add_argument("text", nargs="+")
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=["upgrade"])
 
@@ -33,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--limit", type=int, default=50)
         return sp
 
+    context = sub.add_parser("context", help="the exact context the model would get now")
+    context.add_argument("key")
+    context.add_argument("--json", action="store_true")
     tasks = listing("tasks", "tasks by state")
     tasks.add_argument("--state", choices=STATES)
     listing("sessions", "conversations, newest first")
@@ -89,13 +101,16 @@ async def _log(config: Config, args) -> int:
         conv = await store.get_conversation(args.key)
         page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
     rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "author": e.author,
-             "text": e.text, "ts": _ts(e.created_at), "ref": e.ref} for e in page]
+             "text": e.text, "ts": _ts(e.created_at), "ref": e.ref, "data": e.data}
+            for e in page]
     if args.json:
         _emit(rows, True, [])
-    else:
-        for r in rows:
-            print(f"[{r['entry']}] {r['ts']} {r['kind']}{' ' + r['author'] if r['author'] else ''}:"
-                  f" {r['text']}")
+        return 0
+    for r in rows:
+        calls = "".join(f" -> {c['name']}({json.dumps(c['arguments'], ensure_ascii=False)})"
+                        for c in (r["data"] or {}).get("tool_calls", []))
+        author = f" {r['author']}" if r["author"] else ""
+        print(f"[{r['entry']}] {r['ts']} {r['kind']}{author}: {r['text']}{calls}")
     return 0
 
 
@@ -131,9 +146,39 @@ async def _db(config: Config, args) -> int:
     return 0
 
 
+async def _with_app(config: Config, body) -> int:
+    async with app.open_app(config) as opened:
+        if opened.banner:
+            print(opened.banner, file=sys.stderr)
+        return await body(opened)
+
+
+async def _context(config: Config, args) -> int:
+    async with app.open_app(config) as opened:
+        conv = await opened.store.get_conversation(args.key)
+        request = await build_request(opened.store, config, conv.id,
+                                      tools=opened.deps.toolbox.specs(),
+                                      model=opened.deps.client.model)
+    if args.json:
+        print(request.model_dump_json())
+        return 0
+    print(f"model: {request.model or '(default)'}   tools: "
+          f"{', '.join(t.name for t in request.tools) or 'none'}")
+    for m in request.messages:
+        calls = "".join(f"\n  -> {c.name}({json.dumps(c.arguments)}) [{c.id}]"
+                        for c in m.tool_calls)
+        label = m.role + (f" [{m.tool_call_id}]" if m.tool_call_id else "")
+        print(f"--- {label}\n{m.content}{calls}")
+    return 0
+
+
 COMMANDS = {
     "run": lambda c, a: app.run_forever(c),
-    "resume": lambda c, a: app.resume(c),
+    "resume": lambda c, a: _with_app(c, chat.resume),
+    "ask": lambda c, a: _with_app(c, lambda o: chat.ask(o, a.session, " ".join(a.text),
+                                                        a.request_id)),
+    "chat": lambda c, a: _with_app(c, lambda o: chat.chat(o, a.session)),
+    "context": _context,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "log": _log, "fork": _fork,
     "doc": _doc,
 }

@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "AgentConfig",
     "Config",
     "ConfigError",
     "EmailConfig",
@@ -143,6 +144,25 @@ class EmailConfig(_Section):
         return value
 
 
+class AgentConfig(_Section):
+    name: str = "Steward"
+    timezone: str = "UTC"  # the user's IANA timezone, for the clock tool and reminders
+    system_prompt: str = ""  # appended to the built-in prompt
+    tool_modules: list[str] = Field(default_factory=list)  # importable modules of extra tools
+    max_tool_rounds: int = Field(16, ge=1)  # LLM calls per turn before it must answer
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown timezone {value!r}") from None
+        return value
+
+
 class RuntimeConfig(_Section):
     concurrency: int = Field(8, ge=1)
     lease_seconds: float = Field(15.0, gt=0)
@@ -165,6 +185,7 @@ class Config(_Section):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     email: EmailConfig = Field(default_factory=EmailConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     # set by the loader; not part of the file

@@ -94,6 +94,10 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
             cache_write_tokens=u.cache_write_tokens, cost_usd=u.cost_usd, ok=u.ok,
             error=u.error, created_at=t))
 
+    for task_id in writes.wakes:
+        await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)
+                           .values(run_after=0.0, updated_at=t))
+
     if writes.task_update is not None:
         await _update_task(conn, writes.task_update, t)
     return result

@@ -52,6 +52,7 @@ entries = Table(
     Column("task_id", String(32)),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("conversation_id", "seq", name="uq_entries_conversation_seq"),
+    Index("ix_entries_task", "task_id"),
 )
 
 tasks = Table(
@@ -78,6 +79,7 @@ tasks = Table(
     Column("updated_at", Float, nullable=False),
     Index("ix_tasks_state_run_after", "state", "run_after"),
     Index("ix_tasks_parent", "parent_id"),
+    Index("ix_tasks_conversation_kind", "conversation_id", "kind"),
 )
 
 submissions = Table(

@@ -11,6 +11,7 @@ from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
 from store.errors import NotFound
 from store.records import (
+    TERMINAL,
     CommitResult,
     Conversation,
     DocumentVersion,
@@ -87,6 +88,14 @@ class Store:
             raise NotFound(f"no conversation {key!r}")
         return conversation_from_row(row)
 
+    async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(conversations)
+                                      .where(conversations.c.id == conversation_id))).first()
+        if row is None:
+            raise NotFound(f"no conversation id {conversation_id}")
+        return conversation_from_row(row)
+
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:
         query = select(conversations).order_by(conversations.c.id.desc()).limit(limit)
@@ -156,6 +165,15 @@ class Store:
         page = [entry_from_row(r) for r in rows]
         return page if after is not None else page[::-1]
 
+    async def entry_of_task(self, conversation_id: int, task_id: str) -> Entry | None:
+        """The first entry a task wrote in a conversation (e.g. a turn's user message)."""
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(
+                select(entries).where(entries.c.task_id == task_id,
+                                      entries.c.conversation_id == conversation_id)
+                .order_by(entries.c.seq).limit(1))).first()
+        return None if row is None else entry_from_row(row)
+
     # -- tasks -------------------------------------------------------------------------
 
     async def get_task(self, task_id: str) -> Task:
@@ -166,15 +184,25 @@ class Store:
         return task_from_row(row, lenient=True)
 
     async def list_tasks(self, *, state: str | None = None, kind: str | None = None,
-                         parent_id: str | None = None, limit: int = 100,
-                         after_id: str | None = None) -> list[Task]:
-        query = select(tasks).order_by(tasks.c.id).limit(limit)
+                         parent_id: str | None = None, conversation_id: int | None = None,
+                         active: bool | None = None, limit: int = 100,
+                         after_id: str | None = None, before_id: str | None = None,
+                         newest_first: bool = False) -> list[Task]:
+        """Tasks in id (creation) order, filtered; `active` = not in a terminal state."""
+        order = tasks.c.id.desc() if newest_first else tasks.c.id
+        query = select(tasks).order_by(order).limit(limit)
         for column, value in ((tasks.c.state, state), (tasks.c.kind, kind),
-                              (tasks.c.parent_id, parent_id)):
+                              (tasks.c.parent_id, parent_id),
+                              (tasks.c.conversation_id, conversation_id)):
             if value is not None:
                 query = query.where(column == value)
+        if active is not None:
+            terminal = tasks.c.state.in_(list(TERMINAL))
+            query = query.where(~terminal if active else terminal)
         if after_id is not None:
             query = query.where(tasks.c.id > after_id)
+        if before_id is not None:
+            query = query.where(tasks.c.id < before_id)
         async with self._engines.read.connect() as conn:
             return [task_from_row(r, lenient=True) for r in (await conn.execute(query)).all()]
 

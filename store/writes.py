@@ -82,6 +82,7 @@ class Writes:
     submissions: list[NewSubmission] = field(default_factory=list)
     documents: list[DocumentWrite] = field(default_factory=list)
     usage: list[UsageRecord] = field(default_factory=list)
+    wakes: list[str] = field(default_factory=list)
     task_update: TaskUpdate | None = None
 
     def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
@@ -136,9 +137,13 @@ class Writes:
     def record_usage(self, record: UsageRecord) -> None:
         self.usage.append(record)
 
+    def wake(self, task_id: str) -> None:
+        """Make a pending task due now (one that sleeps until something happens)."""
+        self.wakes.append(task_id)
+
     def update_task(self, update: TaskUpdate) -> None:
         self.task_update = update
 
     def __bool__(self) -> bool:
         return bool(self.entries or self.tasks or self.submissions or self.documents
-                    or self.usage or self.task_update)
+                    or self.usage or self.wakes or self.task_update)

@@ -2,10 +2,10 @@
 
 from bot.runtime.context import TaskContext
 from bot.runtime.definitions import Effect, NotPerformed, Policy, Registry, TaskDef
-from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Wait
+from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
 from bot.runtime.runner import Runner, RunnerOptions
 
 __all__ = [
     "Continue", "Done", "Effect", "Fail", "Interrupted", "NotPerformed", "Outcome", "Policy",
-    "Registry", "Runner", "RunnerOptions", "TaskContext", "TaskDef", "Wait",
+    "Registry", "Runner", "RunnerOptions", "Sleep", "TaskContext", "TaskDef", "Wait",
 ]

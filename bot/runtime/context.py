@@ -34,10 +34,10 @@ class TaskContext:
     async def children(self) -> list[Task]:
         return await self.store.list_tasks(parent_id=self.task.id, limit=10_000)
 
-    async def save_checkpoint(self, checkpoint: Any) -> None:
-        """Commit a new checkpoint now, within the running phase (for example the partial
-        output of a long effect), without ending the phase."""
-        writes = Writes()
+    async def save_checkpoint(self, checkpoint: Any, writes: Writes | None = None) -> None:
+        """Commit a new checkpoint now (with `writes`, if given), within the running phase
+        (for example the partial output of a long effect), without ending the phase."""
+        writes = writes or Writes()
         writes.update_task(TaskUpdate(self.task.id, self.owner, RUNNING, self.phase,
                                       checkpoint=checkpoint))
         await self.store.commit(writes)

@@ -52,9 +52,13 @@ class Effect(TaskDef):
         (False, None) if it certainly did not. The default cannot tell."""
         raise NotImplementedError
 
-    @classmethod
-    def can_reconcile(cls) -> bool:
-        return cls.reconcile is not Effect.reconcile
+    def policy_for(self, ctx: TaskContext) -> Policy:
+        """The replay policy of this task (an effect kind may decide per task, as tool
+        calls do from the tool's declaration)."""
+        return self.policy
+
+    def can_reconcile(self, ctx: TaskContext) -> bool:
+        return type(self).reconcile is not Effect.reconcile
 
     async def step(self, ctx: TaskContext) -> Outcome:
         if ctx.phase != "effect":
@@ -62,8 +66,9 @@ class Effect(TaskDef):
             return Continue("effect", {"claim": ctx.claim})
         checkpoint = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
         started_here = checkpoint.get("claim") == ctx.claim
-        if not started_here and self.policy is Policy.UNSAFE:
-            if not self.can_reconcile():
+        policy = self.policy_for(ctx)
+        if not started_here and policy is Policy.UNSAFE:
+            if not self.can_reconcile(ctx):
                 return Interrupted({"interrupted": True, "partial": checkpoint.get("partial")})
             happened, result = await self.reconcile(ctx)
             if happened:
@@ -77,7 +82,7 @@ class Effect(TaskDef):
         except NotPerformed:
             raise
         except Exception as exc:
-            if self.policy is Policy.UNSAFE:
+            if policy is Policy.UNSAFE:
                 return Fail(f"{type(exc).__name__}: {exc}")
             raise
         kill_point("after-effect", self.kind)

@@ -27,6 +27,16 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Sleep:
+    """Commit this checkpoint and run again after `seconds` (or sooner, if another task's
+    commit wakes it with `Writes.wake`)."""
+
+    seconds: float
+    phase: str
+    checkpoint: Any = None
+
+
+@dataclass(frozen=True)
 class Done:
     result: Any = None
 
@@ -44,4 +54,4 @@ class Interrupted:
     result: Any = None
 
 
-Outcome = Continue | Wait | Done | Fail | Interrupted
+Outcome = Continue | Wait | Sleep | Done | Fail | Interrupted

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from bot.runtime.context import TaskContext
 from bot.runtime.definitions import NotPerformed, Registry
 from bot.runtime.killpoints import kill_point
-from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Wait
+from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
 from store import (
     BLOCKED,
     DONE,
@@ -205,12 +205,15 @@ class Runner:
                 return
             await self._commit(ctx, self._outcome_update(ctx, outcome))
             attempt = 1
+            if isinstance(outcome, Continue | Wait | Sleep):
+                kill_point("after-phase", f"{task.kind}.{outcome.phase}")
             if isinstance(outcome, Continue):
                 ctx.phase, ctx.checkpoint = outcome.phase, outcome.checkpoint
                 if outcome.phase == "effect":
                     kill_point("after-intent", task.kind)
                 continue
-            kill_point("after-result", task.kind)
+            if not isinstance(outcome, Wait | Sleep):
+                kill_point("after-result", task.kind)
             return
 
     def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
@@ -222,6 +225,9 @@ class Runner:
             case Wait(phase, checkpoint, mode):
                 return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
                                     wait_mode=mode)
+            case Sleep(seconds, phase, checkpoint):
+                return self._update(ctx, PENDING, phase=phase, checkpoint=checkpoint,
+                                    run_after=time.time() + seconds)
             case Done(result):
                 return self._update(ctx, DONE, result=result)
             case Fail(error, result):

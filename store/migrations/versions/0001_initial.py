@@ -68,6 +68,8 @@ def upgrade() -> None:
     )
     op.create_index("ix_tasks_state_run_after", "tasks", ["state", "run_after"])
     op.create_index("ix_tasks_parent", "tasks", ["parent_id"])
+    op.create_index("ix_tasks_conversation_kind", "tasks", ["conversation_id", "kind"])
+    op.create_index("ix_entries_task", "entries", ["task_id"])
     op.create_table(
         "submissions",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),

@@ -1,0 +1,1 @@
+"""The agent: turns, LLM calls, tool calls and deliveries as durable tasks."""

@@ -1,0 +1,25 @@
+"""What the agent's task definitions need, built once by the application wiring."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from bot.agent.events import Events
+from bot.channels import Channel
+from bot.config import Config
+from bot.llm.base import LLMClient
+from bot.tools import ToolBox
+from store import Store
+
+
+@dataclass
+class AgentDeps:
+    store: Store
+    config: Config
+    client: LLMClient
+    toolbox: ToolBox
+    http: httpx.AsyncClient
+    events: Events = field(default_factory=Events)
+    channels: dict[str, Channel] = field(default_factory=dict)
+    wake: Callable[[], None] = lambda: None  # the runner's, once there is one

@@ -1,0 +1,87 @@
+"""An LLM call as a task: the pinned request is the input, the reply the result.
+
+Policy `safe`: a call cut off by a crash is sent again with the same request. While it
+streams, the text so far is committed at most every `PARTIAL_EVERY` seconds, so a restart
+loses at most that much; the partial of a dead attempt becomes an `aborted` entry, kept
+for the record but never shown to the model.
+"""
+
+import time
+
+from bot.agent.deps import AgentDeps
+from bot.agent.events import Event
+from bot.llm.errors import LLMError
+from bot.llm.retry import stream_with_retries
+from bot.llm.types import Request, Response
+from bot.runtime import Effect, Policy, TaskContext
+from bot.runtime.killpoints import kill_point
+from store import UsageRecord, Writes
+
+PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
+
+
+class LLMCall(Effect):
+    kind = "llm_call"
+    policy = Policy.SAFE
+
+    def __init__(self, deps: AgentDeps):
+        self.deps = deps
+
+    async def perform(self, ctx: TaskContext):
+        conv_id = ctx.task.conversation_id
+        checkpoint = dict(ctx.checkpoint or {})
+        if checkpoint.get("partial"):
+            aborted = Writes()
+            aborted.append(conv_id, "aborted", checkpoint.pop("partial"), task_id=ctx.task.id,
+                           data={"reason": "Steward stopped while this reply streamed"})
+            await ctx.save_checkpoint(checkpoint, aborted)
+            self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id}))
+
+        request = Request.model_validate(ctx.inputs["request"])
+        streamed = ""
+        last_commit = 0.0
+
+        async def on_text(delta: str) -> None:
+            nonlocal streamed, last_commit
+            streamed += delta
+            if time.monotonic() - last_commit >= PARTIAL_EVERY:
+                last_commit = time.monotonic()
+                await ctx.save_checkpoint({**checkpoint, "partial": streamed})
+                self.deps.events.publish(Event(conv_id, "partial",
+                                               {"task": ctx.task.id, "text": streamed}))
+                kill_point("mid-stream", self.kind)
+
+        async def on_retry(attempt: int, error: Exception, delay: float) -> None:
+            nonlocal streamed
+            streamed = ""
+            await ctx.save_checkpoint({**checkpoint, "partial": ""})
+            self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
+                                                              "error": str(error)}))
+
+        async def on_attempt(response: Response | None, error: Exception | None) -> None:
+            usage = response.usage if response else None
+            record = UsageRecord(
+                provider=self.deps.client.provider, model=request.model,
+                input_tokens=usage.input_tokens if usage else 0,
+                output_tokens=usage.output_tokens if usage else 0,
+                cache_read_tokens=usage.cache_read_tokens if usage else 0,
+                cache_write_tokens=usage.cache_write_tokens if usage else 0,
+                ok=error is None, error=None if error is None else f"{type(error).__name__}: "
+                f"{error}", task_id=ctx.task.id, conversation_id=conv_id)
+            if error is None:
+                ctx.writes.record_usage(record)  # lands with the result
+            else:
+                failed = Writes()
+                failed.record_usage(record)
+                await self.deps.store.commit(failed)
+
+        try:
+            response = await stream_with_retries(
+                self.deps.client, request, on_text, on_attempt=on_attempt, on_retry=on_retry,
+                max_attempts=self.deps.config.runtime.max_attempts,
+                base_delay=self.deps.config.runtime.retry_base_seconds,
+                max_delay=min(60.0, self.deps.config.runtime.retry_max_seconds))
+        except LLMError as exc:
+            # Retrying is done (or pointless): the turn tells the user what went wrong.
+            return {"error": str(exc), "error_type": type(exc).__name__}
+        return {"response": response.model_dump(mode="json")}

@@ -1,0 +1,51 @@
+"""A tool call as a task, with the replay policy the tool declared (unknown tools are
+answered with an error, which is safe to repeat)."""
+
+from bot.agent.deps import AgentDeps
+from bot.llm.types import ToolCall
+from bot.runtime import Effect, Policy, TaskContext
+from bot.runtime.killpoints import kill_point
+from bot.tools import ToolContext, ToolResult
+
+
+class ToolCallTask(Effect):
+    kind = "tool_call"
+
+    def __init__(self, deps: AgentDeps):
+        self.deps = deps
+
+    def _call(self, ctx: TaskContext):
+        call = ToolCall.model_validate(ctx.inputs["call"])
+        return call, self.deps.toolbox.get(call.name)
+
+    def policy_for(self, ctx: TaskContext) -> Policy:
+        _, tool = self._call(ctx)
+        return tool.policy if tool else Policy.SAFE
+
+    def can_reconcile(self, ctx: TaskContext) -> bool:
+        _, tool = self._call(ctx)
+        return tool is not None and tool.reconcile_fn is not None
+
+    def _tool_context(self, ctx: TaskContext) -> ToolContext:
+        async def save_partial(value):
+            await ctx.save_checkpoint({**(ctx.checkpoint or {}), "partial": value})
+
+        conversation = ctx.inputs.get("conversation_key")
+        return ToolContext(store=self.deps.store, task_id=ctx.task.id,
+                           conversation_id=ctx.task.conversation_id,
+                           conversation_key=conversation, idem_key=ctx.idem_key,
+                           writes=ctx.writes, http=self.deps.http,
+                           timezone=self.deps.config.agent.timezone, save_partial=save_partial)
+
+    async def reconcile(self, ctx: TaskContext):
+        call, tool = self._call(ctx)
+        found, result = await tool.reconcile(self._tool_context(ctx), call.arguments)
+        return found, (result.to_json() if found and result is not None else None)
+
+    async def perform(self, ctx: TaskContext):
+        call, tool = self._call(ctx)
+        if tool is None:
+            return ToolResult(f"error: there is no tool named {call.name!r}", True).to_json()
+        result = await tool.run(self._tool_context(ctx), call.arguments)
+        kill_point("after-tool", call.name)
+        return result.to_json()

@@ -1,0 +1,127 @@
+"""An agent turn: a workflow over a checkpoint.
+
+    ""           wait for older turns of the conversation; skip if already answered
+    llm          assemble the context, spawn an llm_call, wait for it
+    after_llm    record the reply; spawn one tool_call per call (they run in parallel) and
+                 wait, or spawn the delivery of the final answer and wait
+    after_tools  record the tool results in call order, back to `llm`
+    delivered    done
+
+Every phase commits with its writes, so a crash anywhere resumes at the last phase; the
+children (LLM calls, tools, deliveries) carry their own replay policies.
+"""
+
+from bot.agent.context import build_request
+from bot.agent.deps import AgentDeps
+from bot.agent.inbox import TURN
+from bot.llm.types import Response, ToolCall
+from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
+from store import DONE, INTERRUPTED, Task
+
+WAIT_FOR_OLDER_TURN = 5.0  # seconds; an older turn wakes this one as soon as it ends
+
+INTERRUPTED_NOTE = ("error: this tool call was interrupted (Steward stopped while it ran) and "
+                    "was not repeated, because it may already have taken effect.")
+
+
+class Turn(TaskDef):
+    kind = TURN
+
+    def __init__(self, deps: AgentDeps):
+        self.deps = deps
+
+    async def step(self, ctx: TaskContext):
+        return await getattr(self, f"_phase_{ctx.phase or 'start'}")(ctx)
+
+    @property
+    def store(self):
+        return self.deps.store
+
+    async def _phase_start(self, ctx: TaskContext):
+        conv_id = ctx.task.conversation_id
+        older = await self.store.list_tasks(kind=TURN, conversation_id=conv_id, active=True,
+                                            before_id=ctx.task.id, limit=1)
+        if older:  # follow-ups keep their order: one turn at a time per conversation
+            return Sleep(WAIT_FOR_OLDER_TURN, "", None)
+        mine = await self.store.entry_of_task(conv_id, ctx.task.id)
+        if mine is not None:
+            later = await self.store.entries_page(conv_id, after=mine.seq, limit=200)
+            for e in later:
+                if e.kind == "assistant" and (e.data or {}).get("answers_upto", 0) >= mine.seq:
+                    return await self._finish(ctx, {"covered_by": e.seq})
+        upto = (await self.store.entries_page(conv_id, limit=1))[-1].seq
+        return Continue("llm", {"upto": upto, "round": 0})
+
+    async def _phase_llm(self, ctx: TaskContext):
+        cp = ctx.checkpoint
+        client = self.deps.client
+        tools = self.deps.toolbox.specs() if cp["round"] < self.deps.config.agent.max_tool_rounds \
+            else []
+        request = await build_request(self.store, self.deps.config, ctx.task.conversation_id,
+                                      tools=tools, model=client.model, upto=cp["upto"])
+        llm_task = ctx.spawn("llm_call", {"request": request.model_dump(mode="json")})
+        return Wait("after_llm", {**cp, "llm_task": llm_task})
+
+    async def _phase_after_llm(self, ctx: TaskContext):
+        cp = ctx.checkpoint
+        conv_id = ctx.task.conversation_id
+        call = await self.store.get_task(cp["llm_task"])
+        result = call.result or {}
+        if call.state != DONE or "error" in result:
+            problem = result.get("error") or call.error or call.state
+            text = f"Sorry, I could not get an answer from the model: {problem}"
+            return self._answer(ctx, text, error=True)
+        response = Response.model_validate(result["response"])
+        if not response.tool_calls:
+            return self._answer(ctx, response.text)
+        calls = [c.model_dump(mode="json") for c in response.tool_calls]
+        ctx.writes.append(conv_id, "assistant", response.text, data={"tool_calls": calls},
+                          task_id=ctx.task.id)
+        tool_tasks = [ctx.spawn("tool_call", {"call": c}) for c in calls]
+        return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
+
+    async def _phase_after_tools(self, ctx: TaskContext):
+        cp = ctx.checkpoint
+        for task_id in cp["tool_tasks"]:
+            task = await self.store.get_task(task_id)
+            call = ToolCall.model_validate(task.inputs["call"])
+            content, is_error = tool_outcome(task)
+            ctx.writes.append(ctx.task.conversation_id, "tool_result", content,
+                              data={"tool_call_id": call.id, "name": call.name,
+                                    "is_error": is_error}, task_id=ctx.task.id)
+        return Continue("llm", {k: v for k, v in cp.items() if k != "tool_tasks"})
+
+    async def _phase_delivered(self, ctx: TaskContext):
+        return await self._finish(ctx, {"text": ctx.checkpoint["answer"],
+                                  "delivery": ctx.checkpoint["delivery"]})
+
+    def _answer(self, ctx: TaskContext, text: str, *, error: bool = False):
+        """Record the final answer and hand it to a delivery (its key is derived from the
+        turn, so even a repeated phase cannot make a second one)."""
+        cp = ctx.checkpoint
+        conv_id = ctx.task.conversation_id
+        ctx.writes.append(conv_id, "assistant", text, task_id=ctx.task.id,
+                          data={"final": True, "answers_upto": cp["upto"], "error": error})
+        delivery = ctx.writes.deliver(
+            "deliver", {"channel": ctx.inputs.get("channel", "cli"), "text": text,
+                        "reply_to": ctx.inputs.get("reply_to", {})},
+            key=f"{ctx.task.id}.answer", parent_id=ctx.task.id, conversation_id=conv_id)
+        return Wait("delivered", {**cp, "answer": text, "delivery": delivery})
+
+    async def _finish(self, ctx: TaskContext, result: dict):
+        """Done; the next queued turn of this conversation may start now."""
+        nxt = await self.store.list_tasks(kind=TURN, conversation_id=ctx.task.conversation_id,
+                                          active=True, after_id=ctx.task.id, limit=1)
+        if nxt:
+            ctx.writes.wake(nxt[0].id)
+        return Done(result)
+
+
+def tool_outcome(task: Task) -> tuple[str, bool]:
+    """What the model is told about a finished tool task."""
+    if task.state == DONE and isinstance(task.result, dict) and "content" in task.result:
+        return task.result["content"], bool(task.result.get("is_error"))
+    if task.state == INTERRUPTED:
+        partial = (task.result or {}).get("partial")
+        return INTERRUPTED_NOTE + (f" Partial output: {partial}" if partial else ""), True
+    return f"error: the tool call failed: {task.error or task.state}", True

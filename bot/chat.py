@@ -1,0 +1,122 @@
+"""The terminal front end: `ask`, `chat` and `resume` render committed state as it is
+published (streamed partials, then the delivered answer)."""
+
+import asyncio
+import contextlib
+import sys
+from typing import TextIO
+
+from bot.agent.events import Event
+from bot.agent.inbox import submit_message
+from bot.app import App
+from store import TERMINAL, new_id
+
+POLL = 0.05
+
+
+class Renderer:
+    """Writes one conversation's stream to a terminal: each partial adds what is new; a
+    restarted stream starts a fresh line; the final answer completes the line."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.shown = ""
+
+    def show(self, event: Event) -> None:
+        if event.kind == "retry":
+            if self.shown:
+                self.out.write("\n")
+            self.shown = ""
+        elif event.kind in ("partial", "final"):
+            text = event.data["text"]
+            if not text.startswith(self.shown):
+                self.out.write("\n")
+                self.shown = ""
+            self.out.write(text[len(self.shown):])
+            self.shown = text
+            if event.kind == "final":
+                self.out.write("\n")
+                self.shown = ""
+        self.out.flush()
+
+
+async def wait_for_turn(app: App, turn_id: str, out: TextIO, conversation_id: int) -> dict:
+    """Run until the turn ends, rendering its conversation; returns the turn's result."""
+    queue = app.deps.events.subscribe(conversation_id)
+    renderer = Renderer(out)
+    finals = 0
+    try:
+        while True:
+            while not queue.empty():
+                event = queue.get_nowait()
+                finals += event.kind == "final"
+                renderer.show(event)
+            task = await app.store.get_task(turn_id)
+            if task.state in TERMINAL:
+                break
+            with contextlib.suppress(TimeoutError):
+                event = await asyncio.wait_for(queue.get(), POLL)
+                finals += event.kind == "final"
+                renderer.show(event)
+    finally:
+        app.deps.events.unsubscribe(queue)
+    result = task.result or {}
+    if not finals and result.get("text"):  # answered earlier (same request id) or elsewhere
+        out.write(result["text"] + "\n")
+    if task.state != "done":
+        out.write(f"[turn {task.state}: {task.error}]\n")
+    out.flush()
+    return result
+
+
+async def ask(app: App, session: str, text: str, request_id: str | None,
+              out: TextIO = sys.stdout) -> int:
+    serving = asyncio.create_task(app.runner.run())
+    try:
+        accepted = await submit_message(
+            app.store, channel="cli", external_ids=[f"request:{request_id or new_id()}"],
+            conversation_key=session, text=text, author="you")
+        app.runner.wake()
+        await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
+    finally:
+        await app.runner.drain(app.config.runtime.drain_seconds)
+        await serving
+    return 0
+
+
+async def chat(app: App, session: str, out: TextIO = sys.stdout) -> int:
+    serving = asyncio.create_task(app.runner.run())
+    out.write(f"steward chat — session {session}; an empty line or Ctrl-D ends it\n")
+    try:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            accepted = await submit_message(
+                app.store, channel="cli", external_ids=[f"request:{new_id()}"],
+                conversation_key=session, text=line, author="you")
+            app.runner.wake()
+            await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
+    finally:
+        await app.runner.drain(app.config.runtime.drain_seconds)
+        await serving
+    return 0
+
+
+async def resume(app: App, out: TextIO = sys.stdout) -> int:
+    """Finish what is ready or interrupted; answers for the terminal are printed with
+    their session."""
+    queue = app.deps.events.subscribe()
+    await app.runner.run(until_idle=True)
+    while not queue.empty():
+        event = queue.get_nowait()
+        if event.kind == "final":
+            out.write(f"[{event.data['conversation_key']}] {event.data['text']}\n")
+    counts = await app.store.count_tasks()
+    out.write("tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")
+              + "\n")
+    out.flush()
+    return 0

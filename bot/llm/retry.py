@@ -1,0 +1,79 @@
+"""Retries around one `LLMClient.stream` call.
+
+Transient errors (rate limits, server errors, broken or timed-out streams) are retried
+with exponential backoff and full jitter: before retry n (n = 1, 2, ...) wait a random
+time in [0, min(max_delay, base_delay * 2**(n-1))].
+
+A rate limit with a `retry_after` is honoured exactly, without jitter, even beyond
+`max_delay`, up to `RETRY_AFTER_CAP` times `max_delay`. A server that asks for more than
+that is not retried here: the RateLimited error is raised at once (its `retry_after`
+tells the durable task layer when to come back), since waiting less than asked would only
+earn another 429 and burn attempts.
+
+Hooks: `on_attempt(response, None)` / `on_attempt(None, error)` after every attempt,
+failed ones included (the usage ledger); `on_retry(attempt, error, delay)` before each
+retry (discard the partial stream of the attempt that failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+from .base import LLMClient, OnText
+from .errors import LLMError, RateLimited, TransientError
+from .types import Request, Response
+
+RETRY_AFTER_CAP = 5  # honour Retry-After up to this many times max_delay
+
+OnAttempt = Callable[[Response | None, Exception | None], Awaitable[None]]
+OnRetry = Callable[[int, LLMError, float], Awaitable[None]]
+
+
+def backoff_delay(error: LLMError, retry: int, *, base_delay: float, max_delay: float,
+                  rand: Callable[[], float] = random.random) -> float | None:
+    """Seconds to wait before retry number `retry` (1-based), or None: do not retry."""
+    if isinstance(error, RateLimited) and error.retry_after is not None:
+        return error.retry_after if error.retry_after <= RETRY_AFTER_CAP * max_delay else None
+    return rand() * min(max_delay, base_delay * 2 ** (retry - 1))
+
+
+async def stream_with_retries(
+    client: LLMClient,
+    request: Request,
+    on_text: OnText | None = None,
+    *,
+    on_attempt: OnAttempt | None = None,
+    on_retry: OnRetry | None = None,
+    max_attempts: int = 5,
+    base_delay: float = 1.0,
+    max_delay: float = 60.0,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    rand: Callable[[], float] = random.random,
+) -> Response:
+    """`client.stream(request, on_text)`, retrying transient errors (see the module doc).
+    Non-transient errors, and the last transient one, are raised."""
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    attempt = 1
+    while True:
+        try:
+            response = await client.stream(request, on_text)
+        except Exception as error:
+            if on_attempt is not None:
+                await on_attempt(None, error)
+            if not isinstance(error, TransientError) or attempt >= max_attempts:
+                raise
+            delay = backoff_delay(error, attempt, base_delay=base_delay, max_delay=max_delay,
+                                  rand=rand)
+            if delay is None:
+                raise
+            if on_retry is not None:
+                await on_retry(attempt, error, delay)
+            await sleep(delay)
+            attempt += 1
+            continue
+        if on_attempt is not None:
+            await on_attempt(response, None)
+        return response

@@ -1,0 +1,233 @@
+"""The built-in tools: the clock, a web page fetch, and the conversation's to-do list."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime
+from html.parser import HTMLParser
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import httpx
+from pydantic import Field
+
+from bot.runtime.definitions import Policy
+from bot.tools.base import Tool, ToolContext, tool
+from store import NotFound, conversation_namespace
+from store.documents import Draft
+
+__all__ = ["builtin_tools", "current_time", "http_get", "todo"]
+
+
+# -- current_time -------------------------------------------------------------------------
+
+
+async def _zone(name: str) -> ZoneInfo:
+    try:
+        # the first load of a zone reads a file: keep it off the event loop
+        return await asyncio.to_thread(ZoneInfo, name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"unknown timezone {name!r} (use an IANA name such as "
+                         "'Europe/Paris')") from None
+
+
+@tool(policy=Policy.SAFE)
+async def current_time(
+    ctx: ToolContext,
+    timezone: Annotated[str | None, Field(
+        description="IANA timezone to ask about, e.g. 'America/New_York'; "
+                    "default: the user's own")] = None,
+) -> str:
+    """The current date and time (ISO 8601 with UTC offset, weekday, timezone), in the
+    user's timezone unless another is given."""
+    name = timezone or ctx.timezone
+    now = datetime.now(await _zone(name))
+    return f"{now.isoformat(timespec='seconds')} {now:%A}, timezone {name} ({now:%Z})"
+
+
+# -- http_get -----------------------------------------------------------------------------
+
+HTTP_TIMEOUT = 15.0
+MAX_REDIRECTS = 5
+MAX_BYTES_CAP = 1_000_000
+_WHITESPACE = re.compile(r"\s+")
+_SKIPPED = frozenset({"script", "style", "noscript", "template", "svg"})
+_BLOCKS = frozenset({
+    "address", "article", "aside", "blockquote", "br", "dd", "div", "dl", "dt", "fieldset",
+    "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
+    "hr", "li", "main", "nav", "ol", "p", "pre", "section", "table", "td", "th", "title",
+    "tr", "ul",
+})
+
+
+class _TextOfHTML(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skipping = 0
+        self._pre = 0
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        if tag in _SKIPPED:
+            self._skipping += 1
+        elif tag in _BLOCKS:
+            self._pre += tag == "pre"
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _SKIPPED:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in _BLOCKS:
+            self._pre = max(0, self._pre - (tag == "pre"))
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            # outside <pre>, a line break in the source is just a space
+            self.parts.append(data if self._pre else _WHITESPACE.sub(" ", data))
+
+
+def html_to_text(html: str) -> str:
+    """Readable text of an HTML page: no scripts or styles, one line per block, whitespace
+    collapsed."""
+    parser = _TextOfHTML()
+    parser.feed(html)
+    parser.close()
+    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+async def _fetch(http: httpx.AsyncClient, url: str, max_bytes: int):
+    """(response, body, truncated) after following up to MAX_REDIRECTS redirects; reads at
+    most max_bytes of the body (plus one chunk) into memory."""
+    for _ in range(MAX_REDIRECTS + 1):
+        _check_scheme(url)
+        async with http.stream("GET", url, timeout=HTTP_TIMEOUT,
+                               follow_redirects=False) as response:
+            location = response.headers.get("location")
+            if response.is_redirect and location:
+                url = str(response.url.join(location))
+                continue
+            body = bytearray()
+            truncated = False
+            async for chunk in response.aiter_bytes(chunk_size=64 * 1024):
+                body += chunk
+                if len(body) > max_bytes:
+                    del body[max_bytes:]
+                    truncated = True
+                    break  # leaving the block closes the connection: the rest is never read
+            return response, bytes(body), truncated
+    raise ValueError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _check_scheme(url: str) -> None:
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme not in ("http", "https"):
+        raise ValueError(f"only http and https URLs can be fetched, not {url[:100]!r}")
+
+
+def _decode(body: bytes, charset: str | None) -> str:
+    try:
+        return body.decode(charset or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        return body.decode("utf-8", errors="replace")
+
+
+@tool(policy=Policy.SAFE)
+async def http_get(
+    ctx: ToolContext,
+    url: Annotated[str, Field(description="an http:// or https:// URL")],
+    max_bytes: Annotated[int, Field(
+        description=f"read at most this many bytes of the body (at most {MAX_BYTES_CAP:,})",
+        ge=1)] = 100_000,
+) -> str:
+    """Fetch a web page or file with an HTTP GET and return its status, final URL, content
+    type and text (HTML is reduced to readable text)."""
+    _check_scheme(url)
+    max_bytes = min(max_bytes, MAX_BYTES_CAP)
+    try:
+        async with asyncio.timeout(HTTP_TIMEOUT):
+            response, body, truncated = await _fetch(ctx.http, url, max_bytes)
+    except TimeoutError:
+        raise TimeoutError(f"no complete response within {HTTP_TIMEOUT:g} s") from None
+    content_type = response.headers.get("content-type", "")
+    text = _decode(body, response.charset_encoding)
+    if "html" in content_type.lower():
+        text = await asyncio.to_thread(html_to_text, text)
+    lines = [
+        f"status: {response.status_code} {response.reason_phrase}".rstrip(),
+        f"url: {response.url}",
+        f"content-type: {content_type or '(none)'}",
+        "",
+        text,
+    ]
+    if truncated:
+        lines.append(f"\n[truncated: only the first {max_bytes:,} bytes of the body were read]")
+    return "\n".join(lines)
+
+
+# -- todo ---------------------------------------------------------------------------------
+
+TODO_DOCUMENT = "todo"
+
+
+def render_todo(items: list[dict]) -> str:
+    if not items:
+        return "The to-do list is empty."
+    return "\n".join(f"{n}. [{'x' if item.get('done') else ' '}] {item.get('text', '')}"
+                     for n, item in enumerate(items, 1))
+
+
+@tool(policy=Policy.SAFE)
+async def todo(
+    ctx: ToolContext,
+    action: Annotated[Literal["add", "complete", "reopen", "remove", "list"], Field(
+        description="what to do with the list")],
+    item: Annotated[str | None, Field(description="the text of the item to add")] = None,
+    number: Annotated[int | None, Field(
+        description="the item's number (1-based) for complete, reopen and remove")] = None,
+) -> str:
+    """The to-do list of this conversation: add an item, complete, reopen or remove one by
+    its number, or list them. Returns the list as it is afterwards."""
+    # Safe to repeat: the only effect is the document edit, which lands with the result.
+    if ctx.conversation_id is None:
+        raise ValueError("the to-do list belongs to a conversation, and there is none here")
+    namespace = conversation_namespace(ctx.conversation_id)
+    try:
+        current = (await ctx.store.read_document(namespace, TODO_DOCUMENT)).value
+    except NotFound:
+        current = {"items": []}
+    if not isinstance(current, dict):
+        raise ValueError(f"the stored to-do list is a {type(current).__name__}, not an object")
+    draft = Draft(current)
+    if not isinstance(current.get("items"), list):
+        draft.root["items"] = []  # a repair, recorded like any edit
+    items = draft.root["items"]
+
+    if action == "add":
+        text = (item or "").strip()
+        if not text:
+            raise ValueError("add needs `item`: the text of the new item")
+        items.append({"text": text, "done": False})
+    elif action in ("complete", "reopen", "remove"):
+        if number is None or not 1 <= number <= len(items):
+            count = f"{len(items)} item{'s' if len(items) != 1 else ''}"
+            raise ValueError(f"{action} needs `number` between 1 and {len(items)}; got "
+                             f"{number}, and the list has {count}")
+        if action == "remove":
+            del items[number - 1]
+        else:
+            done = action == "complete"
+            if items[number - 1].get("done") is not done:
+                items[number - 1]["done"] = done
+
+    if draft.changed:
+        ctx.writes.edit_document(namespace, TODO_DOCUMENT, draft.ops, initial={"items": []},
+                                 history="rewindable", fork_policy="as_of",
+                                 conversation_id=ctx.conversation_id)
+    return render_todo(draft.value["items"])
+
+
+def builtin_tools() -> list[Tool]:
+    return [current_time, http_get, todo]
