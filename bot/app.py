@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -95,7 +96,7 @@ async def run_forever(config: Config) -> int:
             loop.add_signal_handler(sig, stopped.set)
         serving = asyncio.create_task(app.runner.run())
         if app.banner:
-            print(app.banner, flush=True)
+            print(app.banner, file=sys.stderr, flush=True)
         print(f"steward: running on {app.store.dialect} ({config.home}); "
               "no connectors enabled yet; Ctrl-C to stop", flush=True)
         await stopped.wait()

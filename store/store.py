@@ -6,6 +6,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select
 
 from store import commit as _commit
+from store import liveness as _liveness
 from store import tasks as _tasks
 from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
@@ -46,6 +47,7 @@ class Store:
     def __init__(self, engines: Engines):
         self._engines = engines
         self.dialect = engines.dialect
+        self._liveness = None  # the connection holding this worker's liveness lock
 
     @property
     def single_node(self) -> bool:
@@ -54,6 +56,9 @@ class Store:
         return self.dialect == "sqlite"
 
     async def close(self) -> None:
+        if self._liveness is not None:
+            await self._liveness.close()
+            self._liveness = None
         await self._engines.dispose()
 
     # -- the one commit ----------------------------------------------------------------
@@ -220,9 +225,19 @@ class Store:
         async with self._engines.write.begin() as conn:
             return await _tasks.renew(conn, owner, task_ids, lease_seconds)
 
+    async def announce_worker(self, owner: str) -> None:
+        """Make this worker's liveness visible to others (PostgreSQL), until `close`."""
+        if self.dialect == "postgresql" and self._liveness is None:
+            self._liveness = await _liveness.hold(self._engines.write, owner)
+
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
+        dead: list[str] = []
+        if not steal_all and self.dialect == "postgresql":
+            async with self._engines.write.connect() as conn:
+                dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
+                await conn.commit()
         async with self._engines.write.begin() as conn:
-            return await _tasks.recover(conn, steal_all=steal_all,
+            return await _tasks.recover(conn, steal_all=steal_all, dead_owners=dead,
                                         registered_kinds=registered_kinds)
 
     async def next_due(self) -> float | None:

@@ -53,14 +53,22 @@ async def renew(conn, owner: str, task_ids: list[str], lease_seconds: float) -> 
     return res.rowcount
 
 
-async def recover(conn, *, steal_all: bool, registered_kinds: list[str]) -> dict[str, int]:
+async def running_owners(conn) -> list[str]:
+    return list((await conn.execute(select(tasks.c.lease_owner).distinct().where(
+        tasks.c.state == RUNNING, tasks.c.lease_owner.is_not(None)))).scalars())
+
+
+async def recover(conn, *, steal_all: bool, dead_owners: list[str],
+                  registered_kinds: list[str]) -> dict[str, int]:
     """On start: running tasks of dead workers go back to pending (all of them when this
-    process knows it is the only worker, else only expired leases), and tasks blocked for a
-    missing definition are retried if their kind is now registered."""
+    process knows it is the only worker; else those of workers known dead, and expired
+    leases), and tasks blocked for a missing definition are retried if their kind is now
+    registered."""
     t = now()
     running = tasks.c.state == RUNNING
     if not steal_all:
-        running = and_(running, tasks.c.lease_expires < t)
+        running = and_(running, or_(tasks.c.lease_expires < t,
+                                    tasks.c.lease_owner.in_(dead_owners)))
     resumed = (await conn.execute(update(tasks).where(running).values(
         state=PENDING, lease_owner=None, lease_expires=None, run_after=0.0, updated_at=t
     ))).rowcount

@@ -8,7 +8,6 @@ from email.utils import formatdate
 
 import httpx
 import pytest
-from fakes.llm_server import FakeLLMServer, Reply, replies
 
 from bot.config import LLMConfig
 from bot.llm.anthropic import AnthropicClient
@@ -26,6 +25,7 @@ from bot.llm.openai import OpenAIClient
 from bot.llm.retry import stream_with_retries
 from bot.llm.scripted import ScriptedModel, demo_model
 from bot.llm.types import Message, Request, Response, ToolCall, ToolSpec, Usage
+from tests.fakes.llm_server import FakeLLMServer, Reply, replies
 
 WIRES = pytest.mark.parametrize("wire", ["openai", "anthropic"])
 PATH = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}

@@ -17,7 +17,7 @@ from bot.runtime import (
     TaskDef,
     Wait,
 )
-from store import BLOCKED, DONE, FAILED, PENDING, RUNNING, WAITING, Writes
+from store import BLOCKED, DONE, FAILED, PENDING, RUNNING, WAITING, Writes, open_store
 from store.records import now
 from store.schema import tasks
 
@@ -192,18 +192,32 @@ async def test_corrupt_row_is_blocked_and_the_rest_runs(store):
     assert "corrupt" in listed.inputs
 
 
-async def test_expired_lease_of_a_dead_worker_is_taken_over(store):
+async def test_expired_lease_of_a_dead_worker_is_taken_over(store, store_url):
     echo = Echo()
     task_id = await spawn(store, "echo", {"x": 1})
-    # Another worker claimed it, then died: its lease runs out.
-    [claimed] = await store.claim_tasks("dead-worker", 1, lease_seconds=0.2)
-    assert claimed.id == task_id
-    runner = await run_all(store, echo, steal_all=False)
-    assert (await store.get_task(task_id)).state == RUNNING  # lease still valid: left alone
-    await asyncio.sleep(0.3)
-    await asyncio.wait_for(runner.run(until_idle=True), 10)
-    assert (await store.get_task(task_id)).state == DONE
-    assert echo.calls == [task_id]
+    other = await open_store(store_url)  # another live worker...
+    try:
+        await other.announce_worker("other-worker")
+        [claimed] = await store.claim_tasks("other-worker", 1, lease_seconds=0.3)
+        assert claimed.id == task_id
+        runner = await run_all(store, echo, steal_all=False)
+        assert (await store.get_task(task_id)).state == RUNNING  # alive, lease valid: left
+        await asyncio.sleep(0.4)  # ...that stops renewing its lease
+        await asyncio.wait_for(runner.run(until_idle=True), 10)
+        assert (await store.get_task(task_id)).state == DONE
+        assert echo.calls == [task_id]
+    finally:
+        await other.close()
+
+
+async def test_tasks_of_a_dead_worker_resume_at_once_on_postgres(store):
+    echo = Echo()
+    task_id = await spawn(store, "echo", {"x": 1})
+    # Claimed by a worker whose process is gone: it holds no liveness lock any more.
+    await store.claim_tasks("dead-worker", 1, lease_seconds=60)
+    await run_all(store, echo, steal_all=False)
+    expected = DONE if store.dialect == "postgresql" else RUNNING  # SQLite: the lock file
+    assert (await store.get_task(task_id)).state == expected
 
 
 async def test_two_workers_run_each_task_once(store):

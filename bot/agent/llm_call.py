@@ -61,7 +61,9 @@ class LLMCall(Effect):
         async def on_attempt(response: Response | None, error: Exception | None) -> None:
             usage = response.usage if response else None
             record = UsageRecord(
-                provider=self.deps.client.provider, model=request.model,
+                provider=self.deps.client.provider,
+                model=(response.model if response else "") or request.model
+                or self.deps.client.model,
                 input_tokens=usage.input_tokens if usage else 0,
                 output_tokens=usage.output_tokens if usage else 0,
                 cache_read_tokens=usage.cache_read_tokens if usage else 0,

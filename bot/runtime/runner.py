@@ -63,6 +63,7 @@ class Runner:
     async def recover(self, *, steal_all: bool) -> dict:
         """Resume what a dead process left: call once before running. `steal_all` only when
         this process is known to be the only worker on the store."""
+        await self.store.announce_worker(self.owner)
         counts = await self.store.recover_tasks(steal_all=steal_all,
                                                 registered_kinds=self.registry.kinds())
         if any(counts.values()):
