@@ -13,7 +13,7 @@ from store import Writes, conversation_namespace, open_store
 
 def steward_env(home, **extra):
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("STEWARD_") and not k.startswith("XDG_")}
+           if not k.startswith(("STEWARD_", "XDG_", "OPENAI_", "ANTHROPIC_"))}
     env.update(STEWARD_HOME=str(home), XDG_CONFIG_HOME=str(home / "xdg"), **extra)
     return env
 
@@ -99,3 +99,42 @@ async def test_run_drains_on_sigterm_and_exits_zero(home):
     proc.send_signal(signal.SIGTERM)
     await asyncio.wait_for(proc.wait(), 30)
     assert proc.returncode == 0
+
+
+async def test_first_run_with_nothing_configured_uses_the_demo_model(home):
+    code, out, err = await steward(home, "ask", "hello there")
+    assert code == 0, err
+    assert "offline demo model" in err.splitlines()[0]  # the one-line banner
+    assert 'You said: "hello there"' in out
+    code, out, err = await steward(home, "ask", "add water the plants to my todo")
+    assert "water the plants" in out
+    code, out, _ = await steward(home, "doc", "cli:default", "todo", "--as-of", "2")
+    assert json.loads(out) == {"items": []}
+    code, out, _ = await steward(home, "doc", "cli:default", "todo")
+    assert json.loads(out)["items"][0]["text"].startswith("water the plants")
+
+
+async def test_chat_reads_lines_until_an_empty_one(home):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "chat", "--session", "cli:talk", env=steward_env(home),
+        cwd=home, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(b"first thing\nwhat time is it?\n\n"),
+                                      60)
+    assert proc.returncode == 0, err.decode()
+    text = out.decode()
+    assert 'You said: "first thing"' in text and "current_time" in text
+    code, out, _ = await steward(home, "log", "cli:talk", "--json")
+    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    assert kinds == ["user", "assistant", "user", "assistant", "tool_result", "assistant"]
+
+
+async def test_context_prints_what_the_model_would_get(home):
+    await steward(home, "ask", "--session", "cli:ctx", "remember this")
+    code, out, err = await steward(home, "context", "cli:ctx", "--json")
+    assert code == 0, err
+    request = json.loads(out)
+    assert [m["role"] for m in request["messages"]] == ["system", "user", "assistant"]
+    assert {t["name"] for t in request["tools"]} >= {"todo", "current_time", "http_get"}
+    code, out, _ = await steward(home, "context", "cli:ctx")
+    assert "--- user\nremember this" in out

@@ -6,6 +6,7 @@ from bot.llm.types import Message, Request, ToolCall, ToolSpec
 from store import Entry, Store
 
 PAGE = 100
+SPOKEN = ("user", "assistant", "tool_result")  # what the model sees; `aborted` etc. are not
 CHARS_PER_TOKEN = 3  # conservative: more text per token would only leave headroom
 
 BASE_PROMPT = """You are {name}, a personal assistant who lives in the user's chat and mailbox.
@@ -33,7 +34,7 @@ async def tail_entries(store: Store, conversation_id: int, *, budget_chars: int,
         for entry in reversed(page):
             if entry.kind == "user" and upto is not None and entry.seq > upto:
                 continue
-            if entry.kind not in ("user", "assistant", "tool_result"):
+            if entry.kind not in SPOKEN:
                 continue
             used += len(entry.text) + 200 * len((entry.data or {}).get("tool_calls", []))
             if used > budget_chars and picked:
@@ -42,6 +43,27 @@ async def tail_entries(store: Store, conversation_id: int, *, budget_chars: int,
         if len(page) < PAGE:
             return picked[::-1]
         before = page[0].seq
+
+
+def answer_order(entries: list[Entry]) -> list[Entry]:
+    """Entries in the order the conversation happened for the model: a follow-up that
+    arrived while an earlier turn was working comes after that turn's answer, not in the
+    middle of it (otherwise the model would see its own answer as the last word)."""
+    ordered: list[Entry] = []
+    held: list[Entry] = []
+    working = None  # the turn whose user message was shown and whose answer was not
+    for e in entries:
+        if e.kind == "user":
+            if working is not None and e.task_id is not None and e.task_id != working:
+                held.append(e)
+                continue
+            working = e.task_id
+        ordered.append(e)
+        if e.kind == "assistant" and (e.data or {}).get("final") and e.task_id == working:
+            ordered.extend(held)
+            working = held[0].task_id if held else None
+            held = []
+    return ordered + held
 
 
 def to_messages(entries: list[Entry]) -> list[Message]:
@@ -56,7 +78,7 @@ def to_messages(entries: list[Entry]) -> list[Message]:
                                     content="error: no result was recorded for this call"))
         open_calls.clear()
 
-    for e in entries:
+    for e in answer_order([e for e in entries if e.kind in SPOKEN]):
         data = e.data or {}
         if e.kind == "tool_result":
             call_id = data.get("tool_call_id")

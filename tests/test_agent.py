@@ -1,0 +1,232 @@
+"""Turns in-process on both backends: the loop, follow-ups, the usage ledger, errors the
+user must hear about, and the context the model receives."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from bot.agent.context import build_request, to_messages
+from bot.agent.deps import AgentDeps
+from bot.agent.inbox import submit_message
+from bot.app import build_registry
+from bot.config import build_config
+from bot.llm.errors import AuthError, RateLimited
+from bot.llm.openai import OpenAIClient
+from bot.llm.scripted import ScriptedModel
+from bot.llm.types import Response, ToolCall
+from bot.runtime import Runner, RunnerOptions
+from bot.tools import ToolBox, builtin_tools
+from connectors.terminal import TerminalChannel
+from store import DONE, Entry, Writes, conversation_namespace
+from tests.fakes.llm_server import FakeLLMServer, Reply, replies
+
+OPTIONS = RunnerOptions(concurrency=4, lease_seconds=5, retry_base_seconds=0.01,
+                        retry_max_seconds=0.02, poll_seconds=0.02)
+
+
+def todo_call(item: str, call_id: str = "c1") -> Response:
+    return Response(tool_calls=[ToolCall(id=call_id, name="todo",
+                                         arguments={"action": "add", "item": item})])
+
+
+class Agent:
+    def __init__(self, store, client, tmp_path, **agent_config):
+        self.store = store
+        self.config = build_config({"agent": agent_config,
+                                    "runtime": {"retry_base_seconds": 0.01,
+                                                "retry_max_seconds": 0.02}}, home=tmp_path)
+        self.http = httpx.AsyncClient()
+        self.deps = AgentDeps(store=store, config=self.config, client=client,
+                              toolbox=ToolBox(*builtin_tools()), http=self.http)
+        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
+        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
+
+    async def say(self, text: str, session="cli:t", request_id=None) -> str:
+        accepted = await submit_message(self.store, channel="cli",
+                                        external_ids=[request_id or text],
+                                        conversation_key=session, text=text, author="you")
+        return accepted.turn_id
+
+    async def run(self):
+        await asyncio.wait_for(self.runner.run(until_idle=True), 30)
+
+    async def close(self):
+        await self.http.aclose()
+
+    async def log(self, session="cli:t") -> list[Entry]:
+        conv = await self.store.get_conversation(session)
+        return await self.store.entries_page(conv.id, limit=500)
+
+
+@pytest.fixture
+async def make_agent(store, tmp_path):
+    made = []
+
+    def make(client, **agent_config):
+        made.append(Agent(store, client, tmp_path, **agent_config))
+        return made[-1]
+
+    yield make
+    for agent in made:
+        await agent.close()
+
+
+async def test_turn_with_a_tool_round(make_agent):
+    model = ScriptedModel([todo_call("buy milk"), Response(text="Added it.")])
+    agent = make_agent(model)
+    turn = await agent.say("remember milk")
+    await agent.run()
+    task = await agent.store.get_task(turn)
+    assert (task.state, task.result["text"]) == (DONE, "Added it.")
+    log = await agent.log()
+    assert [(e.kind, e.text) for e in log] == [
+        ("user", "remember milk"), ("assistant", ""),
+        ("tool_result", "1. [ ] buy milk"), ("assistant", "Added it.")]
+    assert log[1].data["tool_calls"][0]["name"] == "todo"
+    # the second request carried the call and its result, paired
+    second = model.requests[1].messages
+    assert [m.role for m in second] == ["system", "user", "assistant", "tool"]
+    assert second[3].tool_call_id == "c1"
+    # the document changed in the tool's result commit; that version belongs to the
+    # position of the message that called the tool
+    ns = conversation_namespace(log[0].conversation_id)
+    assert (await agent.store.read_document(ns, "todo", as_of_seq=1)).value == {"items": []}
+    doc = await agent.store.read_document(ns, "todo", as_of_seq=2)
+    assert (doc.value, doc.at_seq) == ({"items": [{"text": "buy milk", "done": False}]}, 2)
+    assert (await agent.store.usage_totals())["calls"] == 2
+
+
+async def test_parallel_tool_calls_are_answered_in_call_order(make_agent):
+    calls = Response(tool_calls=[
+        ToolCall(id=f"c{i}", name="todo", arguments={"action": "add", "item": f"thing {i}"})
+        for i in range(3)] + [ToolCall(id="c9", name="nope", arguments={})])
+    agent = make_agent(ScriptedModel([calls, Response(text="ok")]))
+    await agent.say("three things")
+    await agent.run()
+    results = [(e.data["tool_call_id"], e.data["is_error"]) for e in await agent.log()
+               if e.kind == "tool_result"]
+    assert results == [("c0", False), ("c1", False), ("c2", False), ("c9", True)]
+
+
+async def test_follow_ups_wait_their_turn_and_keep_order(make_agent):
+    seen = []
+
+    last_roles = []
+
+    async def slow(request):
+        seen.append([m.content for m in request.messages if m.role == "user"])
+        last_roles.append([m.role for m in request.messages])
+        await asyncio.sleep(0.2)
+        return Response(text=f"answer to {request.messages[-1].content}")
+
+    agent = make_agent(ScriptedModel(slow))
+    first = await agent.say("one")
+    job = asyncio.create_task(agent.run())
+    await asyncio.sleep(0.05)  # the first turn is working
+    await agent.say("two")
+    await job
+    log = [(e.kind, e.text) for e in await agent.log()]
+    assert log == [("user", "one"), ("user", "two"), ("assistant", "answer to one"),
+                   ("assistant", "answer to two")]
+    assert seen == [["one"], ["one", "two"]]  # the first turn did not see the follow-up
+    assert last_roles[-1] == ["system", "user", "assistant", "user"]  # answer, then "two"
+    assert (await agent.store.get_task(first)).state == DONE
+
+
+async def test_queued_follow_ups_are_answered_together(make_agent):
+    async def reply(request):
+        await asyncio.sleep(0.2)
+        assert request.messages[-1].role == "user"
+        users = [m.content for m in request.messages if m.role == "user"]
+        return Response(text="re: " + " + ".join(users))
+
+    agent = make_agent(ScriptedModel(reply))
+    await agent.say("a")
+    job = asyncio.create_task(agent.run())
+    await asyncio.sleep(0.05)
+    third = None
+    await agent.say("b")
+    third = await agent.say("c")
+    await job
+    finals = [e.text for e in await agent.log() if e.kind == "assistant"]
+    assert finals == ["re: a", "re: a + b + c"]  # b and c answered together, once
+    assert (await agent.store.get_task(third)).result.get("covered_by")
+
+
+async def test_every_attempt_goes_to_the_ledger(make_agent):
+    model = ScriptedModel([RateLimited("slow down", retry_after=0.01),
+                           Response(text="hi")])
+    agent = make_agent(model)
+    await agent.say("hello")
+    await agent.run()
+    async with agent.store._engines.read.connect() as conn:
+        from sqlalchemy import select
+
+        from store.schema import usage
+        rows = (await conn.execute(select(usage.c.ok, usage.c.error)
+                                   .order_by(usage.c.id))).all()
+    assert [r.ok for r in rows] == [False, True]
+    assert "slow down" in rows[0].error
+
+
+async def test_auth_error_is_told_to_the_user_with_the_env_var(make_agent):
+    with FakeLLMServer(replies(Reply(status=401))) as server:
+        http = httpx.AsyncClient()
+        client = OpenAIClient(http, base_url=f"{server.url}/v1", api_key="bad",
+                              api_key_env="MY_KEY", model="m")
+        agent = make_agent(client)
+        turn = await agent.say("hello")
+        await agent.run()
+        await http.aclose()
+        assert server.count("/v1/chat/completions") == 1  # not retried
+    task = await agent.store.get_task(turn)
+    assert task.state == DONE
+    assert "MY_KEY" in task.result["text"]
+    assert isinstance(AuthError("x"), Exception)
+
+
+async def test_tool_rounds_are_bounded(make_agent):
+    async def loop_forever(request):
+        if request.tools:
+            return todo_call("again", call_id=f"c{len(request.messages)}")
+        return Response(text="giving up on tools")
+
+    agent = make_agent(ScriptedModel(loop_forever), max_tool_rounds=3)
+    turn = await agent.say("go")
+    await agent.run()
+    assert (await agent.store.get_task(turn)).result["text"] == "giving up on tools"
+    assert sum(e.kind == "tool_result" for e in await agent.log()) == 3
+
+
+async def test_context_pairs_tool_calls_with_results(store):
+    conv = await store.ensure_conversation("cli:pairs")
+    w = Writes()
+    w.append(conv.id, "tool_result", "orphan", data={"tool_call_id": "x", "name": "t"})
+    w.append(conv.id, "user", "hi")
+    w.append(conv.id, "assistant", "", data={"tool_calls": [
+        {"id": "a", "name": "t", "arguments": {}}, {"id": "b", "name": "t", "arguments": {}}]})
+    w.append(conv.id, "tool_result", "for a", data={"tool_call_id": "a", "name": "t"})
+    w.append(conv.id, "aborted", "half an ans")
+    w.append(conv.id, "user", "again")
+    await store.commit(w)
+    messages = to_messages(await store.entries_page(conv.id))
+    assert [(m.role, m.tool_call_id, m.is_error) for m in messages] == [
+        ("user", None, False), ("assistant", None, False), ("tool", "a", False),
+        ("tool", "b", True), ("user", None, False)]
+
+
+async def test_context_window_reads_only_the_tail(store, tmp_path):
+    conv = await store.ensure_conversation("cli:long")
+    for start in range(0, 3000, 500):
+        w = Writes()
+        for n in range(start, start + 500):
+            w.append(conv.id, "user" if n % 2 == 0 else "assistant", f"message {n} " + "x" * 90)
+        await store.commit(w)
+    config = build_config({"llm": {"context_window": 2000, "max_output_tokens": 500}},
+                          home=tmp_path)
+    request = await build_request(store, config, conv.id, tools=[], model="m")
+    texts = [m.content for m in request.messages[1:]]
+    assert texts[-1].startswith("message 2999 ")
+    assert texts[0].startswith("message ") and len(texts) < 60  # the budget, not 3000
+    assert request.messages[1].role == "user"
