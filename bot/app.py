@@ -2,6 +2,7 @@
 -> runner. Connectors plug in here (never into the core) as they arrive."""
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -34,6 +35,24 @@ def runner_options(config: Config) -> RunnerOptions:
                          retry_max_seconds=r.retry_max_seconds, poll_seconds=0.5)
 
 
+# Connectors by config section, imported only when enabled.
+CONNECTORS = {"slack": "connectors.slack:SlackConnector",
+              "email": "connectors.email:EmailConnector"}
+
+
+def build_connectors(config: Config, deps: AgentDeps) -> list:
+    """The enabled connectors, each registered as its deliveries' channel."""
+    built = []
+    for section, target in CONNECTORS.items():
+        if not getattr(config, section).enabled:
+            continue
+        module, _, name = target.partition(":")
+        connector = getattr(importlib.import_module(module), name)(config, deps)
+        deps.channels[connector.name] = connector.channel
+        built.append(connector)
+    return built
+
+
 def build_registry(deps: AgentDeps) -> Registry:
     """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
     return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps))
@@ -55,6 +74,7 @@ class App:
     deps: AgentDeps
     runner: Runner
     banner: str | None  # one line for the user when no real model is configured
+    connectors: list  # enabled ones; started by `steward run`
 
 
 @asynccontextmanager
@@ -75,6 +95,7 @@ async def open_app(config: Config):
         deps = AgentDeps(store=store, config=config, client=client,
                          toolbox=await build_toolbox(config), http=http)
         deps.channels["cli"] = TerminalChannel(deps.events)
+        connectors = build_connectors(config, deps)
         runner = Runner(store, build_registry(deps), runner_options(config))
         deps.wake = runner.wake
         lock = RunnerLock(config.home / "runner.lock")
@@ -82,7 +103,7 @@ async def open_app(config: Config):
         try:
             counts = await runner.recover(steal_all=alone)
             log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
-            yield App(config, store, deps, runner, banner)
+            yield App(config, store, deps, runner, banner, connectors)
         finally:
             lock.release()
 
@@ -95,11 +116,16 @@ async def run_forever(config: Config) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
         serving = asyncio.create_task(app.runner.run())
+        for connector in app.connectors:
+            await connector.start()
         if app.banner:
             print(app.banner, file=sys.stderr, flush=True)
-        print(f"steward: running on {app.store.dialect} ({config.home}); "
-              "no connectors enabled yet; Ctrl-C to stop", flush=True)
+        names = ", ".join(c.name for c in app.connectors) or "none"
+        print(f"steward: running on {app.store.dialect} ({config.home}); connectors: {names}; "
+              "Ctrl-C to stop", flush=True)
         await stopped.wait()
+        for connector in app.connectors:
+            await connector.stop()
         finished = await app.runner.drain(config.runtime.drain_seconds)
         await serving
         if not finished:

@@ -23,3 +23,17 @@ class Channel(Protocol):
     async def find(self, message: Outbound) -> dict[str, Any] | None:
         """After a crash mid-send: the sent message if the channel already has it (looked
         up by `message.key`), else None. Channels that cannot look return None."""
+
+
+class Connector(Protocol):
+    """A running link to one outside channel. Built by the application wiring with
+    `(config, deps)` when its section is enabled; `channel` is what deliveries use."""
+
+    name: str
+    channel: Channel
+
+    async def start(self) -> None:
+        """Connect and begin accepting inbound messages (through `bot.agent.inbox`)."""
+
+    async def stop(self) -> None:
+        """Stop accepting; in-flight acknowledgements finish. Called before draining."""

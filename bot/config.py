@@ -117,6 +117,12 @@ class SlackConfig(_Section):
     http_port: int = Field(3000, ge=1, le=65535)
     api_base_url: str = "https://slack.com/api/"
     allowed_users: list[str] = Field(default_factory=list)
+    allowed_channels: list[str] = Field(default_factory=list)  # empty = any channel
+    allow_everyone: bool = False  # explicitly open; otherwise an empty allowed_users = nobody
+    unlisted: Literal["refuse", "ignore"] = "refuse"  # refuse politely once, or stay silent
+    answer_bots: bool = False  # other bots' messages (never its own)
+    max_file_bytes: int = Field(1_000_000, ge=0)  # files shared with Steward, per file
+    stream_update_seconds: float = Field(1.0, gt=0)  # between edits of a streaming answer
 
 
 class EmailConfig(_Section):
@@ -135,6 +141,11 @@ class EmailConfig(_Section):
     smtp_user: str = ""
     smtp_password_env: str = "STEWARD_SMTP_PASSWORD"
     allowed_senders: list[str] = Field(default_factory=list)
+    allow_everyone: bool = False  # explicitly open; otherwise an empty list = nobody
+    require_auth_results: bool = False  # also require a passing Authentication-Results
+    max_attachment_bytes: int = Field(10_000_000, ge=0)  # stored per attachment
+    poll_seconds: float = Field(60.0, gt=0)  # when the server has no IDLE
+    idle_seconds: float = Field(1500.0, gt=0, le=1740)  # re-issue IDLE before 29 minutes
 
     @field_validator("address", "imap_host", "smtp_host")
     @classmethod

@@ -36,3 +36,20 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                 return Accepted(conversation, known["task_id"], True)
         return Accepted(conversation, "", True)
     return Accepted(conversation, turn_id, False)
+
+
+async def add_history(store: Store, *, channel: str, conversation_key: str,
+                      messages: list[dict[str, Any]], owner: str | None = None) -> int:
+    """Earlier messages of a conversation Steward joins late (a Slack thread it is mentioned
+    in), as entries for context only: no turn. Each dict has `ref` (the channel's id for
+    the message), `text`, and optionally `author`, `role` ("user" or "assistant") and
+    `data`. Each ref is recorded once, forever; returns how many were new."""
+    conversation = await store.ensure_conversation(conversation_key, owner=owner)
+    added = 0
+    for m in messages:
+        w = Writes()
+        w.submit(f"{channel}:history", m["ref"], conversation_id=conversation.id)
+        w.append(conversation.id, m.get("role", "user"), m["text"], author=m.get("author"),
+                 ref=m["ref"], data={"channel": channel, "history": True, **m.get("data", {})})
+        added += not (await store.commit(w)).duplicate
+    return added

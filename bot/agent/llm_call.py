@@ -35,7 +35,8 @@ class LLMCall(Effect):
             aborted.append(conv_id, "aborted", checkpoint.pop("partial"), task_id=ctx.task.id,
                            data={"reason": "Steward stopped while this reply streamed"})
             await ctx.save_checkpoint(checkpoint, aborted)
-            self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id}))
+            self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
+                                                              "turn": ctx.task.parent_id}))
 
         request = Request.model_validate(ctx.inputs["request"])
         streamed = ""
@@ -47,16 +48,16 @@ class LLMCall(Effect):
             if time.monotonic() - last_commit >= PARTIAL_EVERY:
                 last_commit = time.monotonic()
                 await ctx.save_checkpoint({**checkpoint, "partial": streamed})
-                self.deps.events.publish(Event(conv_id, "partial",
-                                               {"task": ctx.task.id, "text": streamed}))
+                self.deps.events.publish(Event(conv_id, "partial", {
+                    "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed}))
                 kill_point("mid-stream", self.kind)
 
         async def on_retry(attempt: int, error: Exception, delay: float) -> None:
             nonlocal streamed
             streamed = ""
             await ctx.save_checkpoint({**checkpoint, "partial": ""})
-            self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
-                                                              "error": str(error)}))
+            self.deps.events.publish(Event(conv_id, "retry", {
+                "task": ctx.task.id, "turn": ctx.task.parent_id, "error": str(error)}))
 
         async def on_attempt(response: Response | None, error: Exception | None) -> None:
             usage = response.usage if response else None

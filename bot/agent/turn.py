@@ -49,7 +49,7 @@ class Turn(TaskDef):
             for e in later:
                 if e.kind == "assistant" and (e.data or {}).get("answers_upto", 0) >= mine.seq:
                     return await self._finish(ctx, {"covered_by": e.seq})
-        upto = (await self.store.entries_page(conv_id, limit=1))[-1].seq
+        upto = (await self.store.get_conversation_by_id(conv_id)).last_seq
         return Continue("llm", {"upto": upto, "round": 0})
 
     async def _phase_llm(self, ctx: TaskContext):
