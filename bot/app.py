@@ -21,6 +21,8 @@ from bot.config import Config
 from bot.llm.factory import make_client
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
+from bot.scheduler.loop import Scheduler
+from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, builtin_tools
 from connectors.terminal import TerminalChannel
 from store import Store, open_store
@@ -60,7 +62,7 @@ def build_registry(deps: AgentDeps) -> Registry:
 
 async def build_toolbox(config: Config) -> ToolBox:
     toolbox = ToolBox()
-    for t in builtin_tools():
+    for t in [*builtin_tools(), schedule_tool]:
         toolbox.register(t)
     for module in config.agent.tool_modules:
         await asyncio.to_thread(toolbox.load_module, module)  # imports read files
@@ -116,6 +118,10 @@ async def run_forever(config: Config) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
         serving = asyncio.create_task(app.runner.run())
+        # Interrupted tasks were resumed when the app opened; now re-arm the schedules
+        # (its first pass catches up what was missed while Steward was down).
+        scheduler = Scheduler(app.deps)
+        timing = asyncio.create_task(scheduler.run())
         for connector in app.connectors:
             await connector.start()
         if app.banner:
@@ -126,6 +132,8 @@ async def run_forever(config: Config) -> int:
         await stopped.wait()
         for connector in app.connectors:
             await connector.stop()
+        scheduler.stop()
+        await timing
         finished = await app.runner.drain(config.runtime.drain_seconds)
         await serving
         if not finished:

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     tasks = listing("tasks", "tasks by state")
     tasks.add_argument("--state", choices=STATES)
     listing("sessions", "conversations, newest first")
+    schedules = listing("schedules", "reminders and recurring jobs")
+    schedules.add_argument("--all", action="store_true", help="also finished and cancelled")
     log = listing("log", "a page of a transcript")
     log.add_argument("key")
     log.add_argument("--before", type=int, help="entries before this position")
@@ -83,6 +85,24 @@ async def _tasks(config: Config, args) -> int:
              "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
              "updated": _ts(t.updated_at)} for t in found]
     _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "error"])
+    return 0
+
+
+async def _schedules(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        found = await store.list_schedules(state=None if args.all else "active",
+                                           limit=args.limit)
+        keys = {}
+        for s in found:
+            if s.conversation_id is not None and s.conversation_id not in keys:
+                keys[s.conversation_id] = (await store.get_conversation_by_id(
+                    s.conversation_id)).key
+    rows = [{"id": s.id, "name": s.name, "state": s.state, "trigger": s.trigger,
+             "timezone": s.timezone, "next": _ts(s.next_fire_at) if s.next_fire_at else None,
+             "last": _ts(s.last_fire_at) if s.last_fire_at else None, "fired": s.fired,
+             "session": keys.get(s.conversation_id), "deliver": s.deliver.get("channel"),
+             "prompt": s.prompt} for s in found]
+    _emit(rows, args.json, ["id", "state", "next", "name", "session"])
     return 0
 
 
@@ -179,8 +199,8 @@ COMMANDS = {
                                                         a.request_id)),
     "chat": lambda c, a: _with_app(c, lambda o: chat.chat(o, a.session)),
     "context": _context,
-    "db": _db, "tasks": _tasks, "sessions": _sessions, "log": _log, "fork": _fork,
-    "doc": _doc,
+    "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
+    "fork": _fork, "doc": _doc,
 }
 
 

@@ -26,17 +26,19 @@ from store.records import (
     Conversation,
     DocumentVersion,
     Entry,
+    Schedule,
     Task,
     UsageRecord,
     new_id,
 )
 from store.store import Store, conversation_namespace, open_store
-from store.writes import TaskUpdate, Writes
+from store.writes import ScheduleAdvance, ScheduleWrite, TaskUpdate, Writes
 
 __all__ = [
     "BLOCKED", "DONE", "FAILED", "INTERRUPTED", "PENDING", "RUNNING", "STATES", "TERMINAL",
     "WAITING", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
-    "DocumentError", "DocumentVersion", "Entry", "LeaseLost", "NotFound", "Store",
-    "StoreError", "Task", "TaskUpdate", "UsageRecord", "Writes", "conversation_namespace",
+    "DocumentError", "DocumentVersion", "Entry", "LeaseLost", "NotFound", "Schedule",
+    "ScheduleAdvance", "ScheduleWrite", "Store", "StoreError", "Task", "TaskUpdate",
+    "UsageRecord", "Writes", "conversation_namespace",
     "new_id", "open_store",
 ]

@@ -8,6 +8,7 @@ usage, and last the task update, which wakes a waiting parent when a child settl
 
 from sqlalchemy import and_, exists, insert, not_, or_, select, update
 
+from store import schedules as _schedules
 from store.documents import versions
 from store.errors import LeaseLost
 from store.records import (
@@ -26,7 +27,8 @@ from store.writes import TaskUpdate, Writes
 
 
 class DuplicateSubmission(Exception):
-    """Raised inside the transaction to roll the whole step back."""
+    """Raised inside the transaction to roll the whole step back: the step (an inbound
+    message, a schedule's occurrence) was already applied once."""
 
 
 async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
@@ -93,6 +95,9 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
             output_tokens=u.output_tokens, cache_read_tokens=u.cache_read_tokens,
             cache_write_tokens=u.cache_write_tokens, cost_usd=u.cost_usd, ok=u.ok,
             error=u.error, created_at=t))
+
+    for sw in writes.schedules:
+        await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
 
     for task_id in writes.wakes:
         await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)

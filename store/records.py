@@ -93,6 +93,39 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    id: str
+    conversation_id: int | None
+    owner: str | None
+    name: str
+    prompt: str
+    trigger: dict
+    timezone: str
+    deliver: dict
+    catchup: str
+    state: str
+    next_fire_at: float | None
+    last_fire_at: float | None
+    fired: int
+    created_at: float
+    updated_at: float
+
+
+def schedule_from_row(row) -> Schedule:
+    m = row._mapping
+
+    def dec(column):
+        return loads(m[column], table="schedules", row_id=m["id"], column=column)
+
+    return Schedule(
+        id=m["id"], conversation_id=m["conversation_id"], owner=m["owner"], name=m["name"],
+        prompt=m["prompt"], trigger=dec("trigger"), timezone=m["timezone"],
+        deliver=dec("deliver"), catchup=m["catchup"], state=m["state"],
+        next_fire_at=m["next_fire_at"], last_fire_at=m["last_fire_at"], fired=m["fired"],
+        created_at=m["created_at"], updated_at=m["updated_at"])
+
+
+@dataclass(frozen=True)
 class UsageRecord:
     provider: str
     model: str

@@ -145,3 +145,24 @@ usage = Table(
     Column("created_at", Float, nullable=False),
     Index("ix_usage_created", "created_at"),
 )
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("conversation_id", BigId, ForeignKey("conversations.id")),
+    Column("owner", String(256)),
+    Column("name", String(256), nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("trigger", Text, nullable=False),  # JSON: {"kind": "date"|"interval"|"cron", ...}
+    Column("timezone", String(64), nullable=False),
+    Column("deliver", Text, nullable=False),  # JSON: {"channel": ..., "reply_to": {...}}
+    Column("catchup", String(16), nullable=False),  # "latest" | "all" | "skip"
+    Column("state", String(16), nullable=False),  # "active" | "paused" | "done" | "cancelled"
+    Column("next_fire_at", Float),
+    Column("last_fire_at", Float),
+    Column("fired", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_schedules_state_next", "state", "next_fire_at"),
+)

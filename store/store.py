@@ -7,6 +7,7 @@ from sqlalchemy import and_, func, insert, or_, select
 
 from store import commit as _commit
 from store import liveness as _liveness
+from store import schedules as _schedules
 from store import tasks as _tasks
 from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
@@ -17,14 +18,17 @@ from store.records import (
     Conversation,
     DocumentVersion,
     Entry,
+    Schedule,
     Task,
     conversation_from_row,
     dumps,
     entry_from_row,
     now,
+    schedule_from_row,
     task_from_row,
 )
 from store.schema import conversations, entries, submissions, tasks, usage
+from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
 from store.writes import Writes
 
@@ -243,6 +247,31 @@ class Store:
     async def next_due(self) -> float | None:
         async with self._engines.read.connect() as conn:
             return await _tasks.next_due(conn)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    async def list_schedules(self, *, state: str | None = None,
+                             conversation_id: int | None = None,
+                             limit: int = 100) -> list[Schedule]:
+        async with self._engines.read.connect() as conn:
+            return await _schedules.listing(conn, state=state, conversation_id=conversation_id,
+                                            limit=limit)
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(schedules_table)
+                                      .where(schedules_table.c.id == schedule_id))).first()
+        if row is None:
+            raise NotFound(f"no schedule {schedule_id}")
+        return schedule_from_row(row)
+
+    async def due_schedules(self, t: float, *, limit: int = 100) -> list[Schedule]:
+        async with self._engines.read.connect() as conn:
+            return await _schedules.due(conn, t, limit)
+
+    async def next_schedule_time(self) -> float | None:
+        async with self._engines.read.connect() as conn:
+            return await _schedules.next_time(conn)
 
     # -- documents, submissions, usage -------------------------------------------------
 

@@ -76,6 +76,35 @@ class TaskUpdate:
 
 
 @dataclass
+class ScheduleWrite:
+    """Create or replace a schedule (all fields; `id` chosen by the caller)."""
+
+    id: str
+    name: str
+    prompt: str
+    trigger: dict
+    timezone: str
+    deliver: dict
+    next_fire_at: float | None
+    conversation_id: int | None = None
+    owner: str | None = None
+    catchup: str = "latest"
+    state: str = "active"
+
+
+@dataclass
+class ScheduleAdvance:
+    """An occurrence fired: move the schedule on, but only if it still expects
+    `expected_next` (otherwise another worker fired it, and the whole step is dropped)."""
+
+    id: str
+    expected_next: float
+    next_fire_at: float | None
+    fired_at: float
+    state: str = "active"
+
+
+@dataclass
 class Writes:
     entries: list[NewEntry] = field(default_factory=list)
     tasks: list[NewTask] = field(default_factory=list)
@@ -83,6 +112,7 @@ class Writes:
     documents: list[DocumentWrite] = field(default_factory=list)
     usage: list[UsageRecord] = field(default_factory=list)
     wakes: list[str] = field(default_factory=list)
+    schedules: list[ScheduleWrite | ScheduleAdvance] = field(default_factory=list)
     task_update: TaskUpdate | None = None
 
     def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
@@ -137,6 +167,12 @@ class Writes:
     def record_usage(self, record: UsageRecord) -> None:
         self.usage.append(record)
 
+    def save_schedule(self, schedule: ScheduleWrite) -> None:
+        self.schedules.append(schedule)
+
+    def advance_schedule(self, advance: ScheduleAdvance) -> None:
+        self.schedules.append(advance)
+
     def wake(self, task_id: str) -> None:
         """Make a pending task due now (one that sleeps until something happens)."""
         self.wakes.append(task_id)
@@ -146,4 +182,4 @@ class Writes:
 
     def __bool__(self) -> bool:
         return bool(self.entries or self.tasks or self.submissions or self.documents
-                    or self.usage or self.wakes or self.task_update)
+                    or self.usage or self.wakes or self.schedules or self.task_update)

@@ -138,3 +138,23 @@ async def test_context_prints_what_the_model_would_get(home):
     assert {t["name"] for t in request["tools"]} >= {"todo", "current_time", "http_get"}
     code, out, _ = await steward(home, "context", "cli:ctx")
     assert "--- user\nremember this" in out
+
+
+async def test_schedules_listing(home):
+    from store import ScheduleWrite, new_id
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    conv = await store.ensure_conversation("cli:plans")
+    w = Writes()
+    for name, state in (("plants", "active"), ("old", "cancelled")):
+        w.save_schedule(ScheduleWrite(new_id(), name, "do it", {"kind": "cron",
+                                      "expr": "0 9 * * *"}, "UTC", {"channel": "cli"},
+                                      4102444800.0, conv.id, state=state))
+    await store.commit(w)
+    await store.close()
+    code, out, err = await steward(home, "schedules", "--json")
+    assert code == 0, err
+    [row] = [json.loads(line) for line in out.splitlines()]
+    assert (row["name"], row["session"], row["next"]) == ("plants", "cli:plans",
+                                                          "2100-01-01 00:00:00")
+    code, out, _ = await steward(home, "schedules", "--all", "--json")
+    assert len(out.splitlines()) == 2

@@ -2,6 +2,8 @@
 atomicity, the usage ledger and migrations. Every test runs on SQLite and PostgreSQL."""
 
 import pytest
+from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
 from store import (
@@ -16,6 +18,7 @@ from store import (
     conversation_namespace,
     open_store,
 )
+from store.engine import MIGRATIONS, create_engines, migrate
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -449,6 +452,15 @@ async def test_usage_totals_of_an_empty_ledger_are_zero(store):
 # --- migrations ------------------------------------------------------------------------------
 
 
+def _head() -> str:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+HEAD = _head()
+
+
 async def test_opening_the_same_store_twice_is_idempotent(store_url):
     first = await open_store(store_url)
     try:
@@ -462,9 +474,31 @@ async def test_opening_the_same_store_twice_is_idempotent(store_url):
         async with second._engines.read.connect() as conn:
             versions = (await conn.execute(
                 text("select version_num from alembic_version"))).scalars().all()
-        assert versions == ["0001"]
+        assert versions == [HEAD]
     finally:
         await second.close()
+
+
+async def test_a_database_from_the_first_release_upgrades_with_its_data(store_url):
+    engines = create_engines(store_url)
+    try:
+        await migrate(engines, "0001")  # as written by the first release
+        async with engines.write.begin() as conn:
+            await conn.execute(text(
+                "insert into conversations (key, last_seq, meta, created_at, updated_at)"
+                " values ('cli:old', 1, '{}', 0, 0)"))
+            await conn.execute(text(
+                "insert into entries (conversation_id, seq, kind, text, created_at)"
+                " select id, 1, 'user', 'from long ago', 0 from conversations"))
+    finally:
+        await engines.dispose()
+    store = await open_store(store_url)  # upgrades to head
+    try:
+        conv = await store.get_conversation("cli:old")
+        assert [e.text for e in await store.entries_page(conv.id)] == ["from long ago"]
+        assert await store.list_schedules() == []  # a later revision's table exists
+    finally:
+        await store.close()
 
 
 async def test_a_delivery_reserves_its_key_and_is_created_once(store):

@@ -26,26 +26,32 @@ class ToolCallTask(Effect):
         _, tool = self._call(ctx)
         return tool is not None and tool.reconcile_fn is not None
 
-    def _tool_context(self, ctx: TaskContext) -> ToolContext:
+    async def _tool_context(self, ctx: TaskContext) -> ToolContext:
         async def save_partial(value):
             await ctx.save_checkpoint({**(ctx.checkpoint or {}), "partial": value})
 
-        conversation = ctx.inputs.get("conversation_key")
+        origin, key = {}, None
+        if ctx.task.parent_id:
+            turn = await self.deps.store.get_task(ctx.task.parent_id)
+            origin = {"channel": turn.inputs.get("channel"),
+                      "reply_to": turn.inputs.get("reply_to", {})}
+        if ctx.task.conversation_id is not None:
+            key = (await self.deps.store.get_conversation_by_id(ctx.task.conversation_id)).key
         return ToolContext(store=self.deps.store, task_id=ctx.task.id,
-                           conversation_id=ctx.task.conversation_id,
-                           conversation_key=conversation, idem_key=ctx.idem_key,
-                           writes=ctx.writes, http=self.deps.http,
-                           timezone=self.deps.config.agent.timezone, save_partial=save_partial)
+                           conversation_id=ctx.task.conversation_id, conversation_key=key,
+                           idem_key=ctx.idem_key, writes=ctx.writes, http=self.deps.http,
+                           timezone=self.deps.config.agent.timezone, save_partial=save_partial,
+                           origin=origin)
 
     async def reconcile(self, ctx: TaskContext):
         call, tool = self._call(ctx)
-        found, result = await tool.reconcile(self._tool_context(ctx), call.arguments)
+        found, result = await tool.reconcile(await self._tool_context(ctx), call.arguments)
         return found, (result.to_json() if found and result is not None else None)
 
     async def perform(self, ctx: TaskContext):
         call, tool = self._call(ctx)
         if tool is None:
             return ToolResult(f"error: there is no tool named {call.name!r}", True).to_json()
-        result = await tool.run(self._tool_context(ctx), call.arguments)
+        result = await tool.run(await self._tool_context(ctx), call.arguments)
         kill_point("after-tool", call.name)
         return result.to_json()

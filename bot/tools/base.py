@@ -55,14 +55,16 @@ class ToolContext:
     - `save_partial(value)`: commit partial output now (long unsafe tools: after a crash
       the agent is told what had been done);
     - `idem_key`: the idempotency key reserved for `keyed` tools;
-    - `http`: the shared HTTP client; `timezone`: the user's IANA timezone.
+    - `http`: the shared HTTP client; `timezone`: the user's IANA timezone;
+    - `origin`: the channel and reply routing of the turn that called the tool.
     """
 
     def __init__(self, *, store: Store, task_id: str, conversation_id: int | None = None,
                  conversation_key: str | None = None, idem_key: str | None = None,
                  writes: Writes | None = None, http: httpx.AsyncClient,
                  timezone: str = "UTC",
-                 save_partial: Callable[[Any], Awaitable[None]] = _no_partial):
+                 save_partial: Callable[[Any], Awaitable[None]] = _no_partial,
+                 origin: dict[str, Any] | None = None):
         self.store = store
         self.task_id = task_id
         self.conversation_id = conversation_id
@@ -72,6 +74,9 @@ class ToolContext:
         self.http = http
         self.timezone = timezone
         self.save_partial = save_partial
+        # Where the request came from: {"channel": ..., "reply_to": {...}} of the turn,
+        # so a tool can route something back there later (a reminder, say).
+        self.origin = origin or {}
 
     def __repr__(self) -> str:
         return (f"ToolContext(task_id={self.task_id!r}, "

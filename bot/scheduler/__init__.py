@@ -1,0 +1,1 @@
+"""Reminders and recurring jobs: trigger maths, the scheduler loop, the agent's tool."""

@@ -1,0 +1,107 @@
+"""The agent's `schedule` tool: reminders and recurring jobs, kept in the store.
+
+Its only effect is a store write that lands with the tool's result, so it is `safe`."""
+
+import time
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field
+
+from bot.runtime import Policy
+from bot.scheduler.triggers import TriggerError, first_fire, from_ts, make_trigger
+from bot.tools import ToolContext, tool
+from store import NotFound, Schedule, ScheduleWrite, new_id
+
+
+def _spec(at: str | None, every_minutes: int | None, cron: str | None) -> dict:
+    given = [x for x in (at, every_minutes, cron) if x is not None]
+    if len(given) != 1:
+        raise TriggerError("give exactly one of `at`, `every_minutes` or `cron`")
+    if at is not None:
+        return {"kind": "date", "at": at}
+    if every_minutes is not None:
+        return {"kind": "interval", "seconds": every_minutes * 60}
+    return {"kind": "cron", "expr": cron}
+
+
+def describe(s: Schedule) -> str:
+    trigger = s.trigger
+    when = {"date": lambda: f"once at {trigger.get('at')}",
+            "interval": lambda: f"every {int(trigger.get('seconds', 0)) // 60} minutes",
+            "cron": lambda: f"cron '{trigger.get('expr')}'"}.get(trigger.get("kind"),
+                                                                 lambda: "?")()
+    nxt = from_ts(s.next_fire_at, s.timezone).strftime("%a %d %b %Y %H:%M %Z") \
+        if s.next_fire_at else "never"
+    return f"{s.id} [{s.state}] {s.name!r}: {when} ({s.timezone}); next {nxt}; " \
+           f"fired {s.fired}x; does: {s.prompt}"
+
+
+@tool(policy=Policy.SAFE)
+async def schedule(
+    ctx: ToolContext,
+    action: Literal["create", "list", "change", "cancel"],
+    name: Annotated[str | None, Field(description="short title, e.g. 'call mum'")] = None,
+    prompt: Annotated[str | None, Field(
+        description="what to do or say when it fires, written as an instruction to "
+                    "yourself, e.g. 'Remind the user to call their mum.'")] = None,
+    at: Annotated[str | None, Field(
+        description="once, at this local date-time, ISO 8601 like 2026-12-03T09:00")] = None,
+    every_minutes: Annotated[int | None, Field(description="repeat every N minutes (>= 1)")] \
+        = None,
+    cron: Annotated[str | None, Field(
+        description="repeat by crontab 'minute hour day month weekday', e.g. '0 8 * * mon' "
+                    "for Monday mornings at 8")] = None,
+    timezone: Annotated[str | None, Field(description="IANA zone; default: the user's")] \
+        = None,
+    schedule_id: Annotated[str | None, Field(description="for change and cancel")] = None,
+) -> str:
+    """Create, list, change or cancel reminders and recurring jobs. Turn the user's words
+    into exactly one of `at` (once), `every_minutes` or `cron` in their timezone (ask the
+    current_time tool first if you need today's date). When it fires you get `prompt` as
+    a message in this conversation and your answer is delivered here."""
+    store = ctx.store
+    if action == "list":
+        found = await store.list_schedules(conversation_id=ctx.conversation_id)
+        live = [s for s in found if s.state == "active"]
+        return "\n".join(describe(s) for s in live) or "No active schedules here."
+    if action == "create":
+        if not name or not prompt:
+            return "error: create needs `name` and `prompt`"
+        return _save(ctx, new_id(), name, prompt, _spec(at, every_minutes, cron),
+                     timezone or ctx.timezone)
+    if not schedule_id:
+        return f"error: {action} needs `schedule_id` (use action 'list' to find it)"
+    try:
+        current = await store.get_schedule(schedule_id)
+    except NotFound:
+        return f"error: no schedule {schedule_id}"
+    if action == "cancel":
+        ctx.writes.save_schedule(ScheduleWrite(
+            current.id, current.name, current.prompt, current.trigger, current.timezone,
+            current.deliver, None, current.conversation_id, current.owner, current.catchup,
+            "cancelled"))
+        return f"Cancelled {current.name!r}."
+    spec = current.trigger if (at, every_minutes, cron) == (None, None, None) else \
+        _spec(at, every_minutes, cron)
+    return _save(ctx, current.id, name or current.name, prompt or current.prompt, spec,
+                 timezone or current.timezone, deliver=current.deliver)
+
+
+def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,
+          timezone: str, *, deliver: dict | None = None) -> str:
+    try:
+        ZoneInfo(timezone)
+        now = from_ts(time.time(), timezone)
+        trigger = make_trigger(spec, timezone, created=now)
+    except (TriggerError, ZoneInfoNotFoundError, ValueError) as exc:
+        return f"error: {exc}"
+    first = first_fire(trigger, now)
+    if first is None or first < now:
+        return "error: that time has already passed"
+    deliver = deliver or {"channel": ctx.origin.get("channel") or "cli",
+                          "reply_to": ctx.origin.get("reply_to") or {}}
+    ctx.writes.save_schedule(ScheduleWrite(schedule_id, name, prompt, spec, timezone, deliver,
+                                           first.timestamp(), ctx.conversation_id))
+    return f"Scheduled {name!r} ({schedule_id}); first at " \
+           f"{first.strftime('%a %d %b %Y %H:%M %Z')}."

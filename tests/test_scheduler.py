@@ -1,0 +1,183 @@
+"""The scheduler against the store, on both backends, with a controllable clock."""
+
+import asyncio
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from bot.agent.deps import AgentDeps
+from bot.app import build_registry
+from bot.config import build_config
+from bot.llm.scripted import ScriptedModel
+from bot.llm.types import Response, ToolCall
+from bot.runtime import Runner, RunnerOptions
+from bot.scheduler.loop import Scheduler
+from bot.scheduler.tool import schedule as schedule_tool
+from bot.tools import ToolBox, ToolContext
+from connectors.terminal import TerminalChannel
+from store import DONE, ScheduleWrite, Writes, new_id
+
+TZ = "Europe/Vienna"
+
+
+def ts(*args) -> float:
+    return datetime(*args, tzinfo=ZoneInfo(TZ)).timestamp()
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+async def deps(store, tmp_path):
+    http = httpx.AsyncClient()
+
+    async def answer(request):
+        return Response(text="Reminder: " + request.messages[-1].content.splitlines()[-1])
+
+    d = AgentDeps(store=store, config=build_config({}, home=tmp_path),
+                  client=ScriptedModel(answer), toolbox=ToolBox(schedule_tool), http=http)
+    d.channels["cli"] = TerminalChannel(d.events)
+    yield d
+    await http.aclose()
+
+
+async def add(store, spec, next_at, *, catchup="latest", conversation_id=None) -> str:
+    sid = new_id()
+    w = Writes()
+    w.save_schedule(ScheduleWrite(sid, "test", "Water the plants.", spec, TZ,
+                                  {"channel": "cli", "reply_to": {}}, next_at,
+                                  conversation_id, catchup=catchup))
+    await store.commit(w)
+    return sid
+
+
+async def occurrences(store, sid):
+    turns = await store.list_tasks(kind="turn", limit=1000)
+    return [t for t in turns if t.inputs.get("schedule") == sid]
+
+
+async def test_a_due_occurrence_fires_once_however_often_it_is_checked(store, deps):
+    sid = await add(store, {"kind": "cron", "expr": "0 9 * * *"}, ts(2026, 12, 1, 9))
+    clock = Clock(ts(2026, 12, 1, 9, 0, 2))
+    first, second = Scheduler(deps, clock=clock), Scheduler(deps, clock=clock)
+    counts = await asyncio.gather(first.fire_due(), second.fire_due(), first.fire_due())
+    assert sum(counts) == 1
+    [turn] = await occurrences(store, sid)
+    assert turn.inputs["occurrence"] == "2026-12-01T09:00:00+01:00"
+    s = await store.get_schedule(sid)
+    assert (s.next_fire_at, s.fired) == (ts(2026, 12, 2, 9), 1)
+    conv = await store.get_conversation(f"schedule:{sid}")  # a dedicated conversation
+    [entry] = await store.entries_page(conv.id)
+    assert entry.text.endswith("Water the plants.") and not entry.data["late"]
+
+
+async def test_missed_occurrences_fire_the_latest_once_and_say_it_is_late(store, deps):
+    sid = await add(store, {"kind": "cron", "expr": "0 * * * *"}, ts(2026, 12, 1, 1))
+    clock = Clock(ts(2026, 12, 1, 5, 30))  # down from before 01:00 until 05:30
+    assert await Scheduler(deps, clock=clock).fire_due() == 1
+    assert await Scheduler(deps, clock=clock).fire_due() == 0  # no burst
+    [turn] = await occurrences(store, sid)
+    assert turn.inputs["occurrence"].startswith("2026-12-01T05:00")
+    conv = await store.get_conversation(f"schedule:{sid}")
+    [entry] = await store.entries_page(conv.id)
+    assert entry.data["late"] and entry.data["missed"] == 4
+    assert "it is late" in entry.text
+    assert (await store.get_schedule(sid)).next_fire_at == ts(2026, 12, 1, 6)
+
+
+async def test_catch_up_all_fires_each_missed_one_in_order(store, deps):
+    sid = await add(store, {"kind": "cron", "expr": "0 * * * *"}, ts(2026, 12, 1, 1),
+                    catchup="all")
+    scheduler = Scheduler(deps, clock=Clock(ts(2026, 12, 1, 3, 30)))
+    assert [await scheduler.fire_due() for _ in range(4)] == [1, 1, 1, 0]
+    fired = sorted(t.inputs["occurrence"][11:16] for t in await occurrences(store, sid))
+    assert fired == ["01:00", "02:00", "03:00"]
+
+
+async def test_catch_up_skip_fires_nothing_late(store, deps):
+    sid = await add(store, {"kind": "cron", "expr": "0 * * * *"}, ts(2026, 12, 1, 1),
+                    catchup="skip")
+    assert await Scheduler(deps, clock=Clock(ts(2026, 12, 1, 3, 30))).fire_due() == 0
+    assert await occurrences(store, sid) == []
+    assert (await store.get_schedule(sid)).next_fire_at == ts(2026, 12, 1, 4)
+
+
+async def test_a_one_off_is_done_after_it_fires(store, deps):
+    sid = await add(store, {"kind": "date", "at": "2026-12-03T09:00"}, ts(2026, 12, 3, 9))
+    assert await Scheduler(deps, clock=Clock(ts(2026, 12, 3, 9, 0, 1))).fire_due() == 1
+    s = await store.get_schedule(sid)
+    assert (s.state, s.next_fire_at) == ("done", None)
+
+
+async def test_a_broken_schedule_is_retired_and_the_others_still_fire(store, deps):
+    bad = await add(store, {"kind": "cron", "expr": "nonsense"}, ts(2026, 12, 1, 9))
+    good = await add(store, {"kind": "cron", "expr": "0 9 * * *"}, ts(2026, 12, 1, 9))
+    assert await Scheduler(deps, clock=Clock(ts(2026, 12, 1, 9, 1))).fire_due() == 1
+    assert (await store.get_schedule(bad)).state == "failed"
+    assert len(await occurrences(store, good)) == 1
+
+
+async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, deps):
+    conv = await store.ensure_conversation("cli:mine")
+    sid = await add(store, {"kind": "cron", "expr": "0 9 * * *"}, ts(2026, 12, 1, 9),
+                    conversation_id=conv.id)
+    await Scheduler(deps, clock=Clock(ts(2026, 12, 1, 9))).fire_due()
+    runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    await asyncio.wait_for(runner.run(until_idle=True), 30)
+    [turn] = await occurrences(store, sid)
+    assert turn.state == DONE
+    assert [e.kind for e in await store.entries_page(conv.id)] == ["user", "assistant"]
+    assert turn.result["text"] == "Reminder: Water the plants."
+    [delivery] = await store.list_tasks(kind="deliver")
+    assert delivery.state == DONE and delivery.inputs["channel"] == "cli"
+
+
+async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
+    conv = await store.ensure_conversation("cli:tool")
+
+    async def call(**arguments):
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
+                          http=deps.http, timezone=TZ,
+                          origin={"channel": "slack", "reply_to": {"channel": "D1"}})
+        result = await schedule_tool.run(ctx, arguments)
+        await store.commit(ctx.writes)
+        return result.content
+
+    made = await call(action="create", name="plants", prompt="Remind me to water the plants.",
+                      cron="0 8 * * mon")
+    assert made.startswith("Scheduled 'plants'")
+    [s] = await store.list_schedules()
+    assert (s.trigger, s.deliver["channel"], s.timezone) == (
+        {"kind": "cron", "expr": "0 8 * * mon"}, "slack", TZ)
+    assert "plants" in await call(action="list")
+    await call(action="change", schedule_id=s.id, every_minutes=90)
+    assert (await store.get_schedule(s.id)).trigger == {"kind": "interval", "seconds": 5400}
+    assert await call(action="cancel", schedule_id=s.id) == "Cancelled 'plants'."
+    assert (await store.get_schedule(s.id)).state == "cancelled"
+    assert await call(action="list") == "No active schedules here."
+    assert (await call(action="create", name="x", prompt="y", at="2020-01-01T09:00")
+            ).startswith("error: that time has already passed")
+    assert "exactly one" in await call(action="create", name="x", prompt="y")
+
+
+async def test_the_agent_schedules_through_its_tool(store, deps, tmp_path):
+    model = ScriptedModel([
+        Response(tool_calls=[ToolCall(id="s1", name="schedule", arguments={
+            "action": "create", "name": "standup", "prompt": "Say good morning.",
+            "cron": "0 9 * * mon-fri"})]),
+        Response(text="Done, every weekday at 9.")])
+    deps.client = model
+    from bot.agent.inbox import submit_message
+    await submit_message(store, channel="cli", external_ids=["m1"],
+                         conversation_key="cli:agent", text="every weekday at 9 say hi")
+    runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    await asyncio.wait_for(runner.run(until_idle=True), 30)
+    [s] = await store.list_schedules()
+    assert s.name == "standup" and s.conversation_id is not None
