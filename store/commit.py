@@ -59,7 +59,7 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
         await conn.execute(insert(entries).values(
             conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,
             text=e.text, data=None if e.data is None else dumps(e.data), ref=e.ref,
-            task_id=e.task_id, created_at=t))
+            task_id=e.task_id, created_at=t if e.created_at is None else e.created_at))
         last_seq[e.conversation_id] = seq
         result.entry_seqs.append(seq)
 

@@ -49,6 +49,8 @@ class Conversation:
     meta: dict
     created_at: float
     updated_at: float
+    scope: str = "private:local"
+    head_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def conversation_from_row(row) -> Conversation:
         id=m["id"], key=m["key"], owner=m["owner"], parent_id=m["parent_id"],
         fork_at=m["fork_at"], last_seq=m["last_seq"],
         meta=loads(m["meta"], table="conversations", row_id=m["id"], column="meta") or {},
-        created_at=m["created_at"], updated_at=m["updated_at"],
+        created_at=m["created_at"], updated_at=m["updated_at"], scope=m["scope"],
+        head_seq=m["head_seq"],
     )
 
 

@@ -34,8 +34,13 @@ conversations = Table(
     Column("fork_at", BigInteger),
     Column("last_seq", BigInteger, nullable=False, default=0),
     Column("meta", Text, nullable=False, default="{}"),
+    # Who may see it: "private:<person>" or "channel:<id>" (memory never crosses scopes).
+    Column("scope", String(256), nullable=False, default="private:local"),
+    # Where the model's context starts: the latest compaction's head marker, if any.
+    Column("head_seq", BigInteger),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Index("ix_conversations_scope", "scope"),
 )
 
 entries = Table(

@@ -79,12 +79,15 @@ class Store:
     # -- conversations and entries -----------------------------------------------------
 
     async def ensure_conversation(self, key: str, *, owner: str | None = None,
-                                  meta: dict | None = None) -> Conversation:
+                                  meta: dict | None = None,
+                                  scope: str | None = None) -> Conversation:
+        """The conversation with this key, created if new. `scope` says who may see what
+        was said in it (default: private to its owner)."""
         t = now()
         async with self._engines.write.begin() as conn:
             await conn.execute(insert_ignore(self.dialect, conversations, "key").values(
                 key=key, owner=owner, last_seq=0, meta=dumps(meta or {}), created_at=t,
-                updated_at=t))
+                updated_at=t, scope=scope or f"private:{owner or 'local'}"))
             row = (await conn.execute(select(conversations).where(conversations.c.key == key))
                    ).one()
         return conversation_from_row(row)
@@ -127,8 +130,9 @@ class Store:
                 raise ValueError(f"fork point {at} is outside {key!r} (1..{parent.last_seq})")
             child_id = (await conn.execute(insert(conversations).values(
                 key=new_key, owner=parent.owner, parent_id=parent.id, fork_at=at, last_seq=at,
-                meta=parent.meta, created_at=t, updated_at=t).returning(conversations.c.id)
-            )).scalar_one()
+                meta=parent.meta, scope=parent.scope, created_at=t, updated_at=t,
+                head_seq=parent.head_seq if parent.head_seq and parent.head_seq <= at else None
+            ).returning(conversations.c.id))).scalar_one()
             await _versions.copy_for_fork(
                 conn, self.dialect, conversation_namespace(parent.id),
                 conversation_namespace(child_id), fork_at=at, child_conversation_id=child_id)

@@ -23,6 +23,7 @@ class NewEntry:
     author: str | None = None
     ref: str | None = None
     task_id: str | None = None
+    created_at: float | None = None  # when it was said (imports); default: now
 
 
 @dataclass
@@ -117,8 +118,9 @@ class Writes:
 
     def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
                author: str | None = None, ref: str | None = None,
-               task_id: str | None = None) -> None:
-        self.entries.append(NewEntry(conversation_id, kind, text, data, author, ref, task_id))
+               task_id: str | None = None, created_at: float | None = None) -> None:
+        self.entries.append(NewEntry(conversation_id, kind, text, data, author, ref, task_id,
+                                     created_at))
 
     def spawn(self, kind: str, inputs: Any, *, parent_id: str | None = None,
               conversation_id: int | None = None, dedupe_key: str | None = None,

@@ -19,8 +19,12 @@ class Accepted:
 async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                          conversation_key: str, text: str, author: str | None = None,
                          owner: str | None = None, reply_to: dict[str, Any] | None = None,
-                         data: dict[str, Any] | None = None) -> Accepted:
-    conversation = await store.ensure_conversation(conversation_key, owner=owner)
+                         data: dict[str, Any] | None = None,
+                         scope: str | None = None) -> Accepted:
+    """`scope` says who may later see what is said here (search, memory): "private:<person>"
+    for a DM, a mail thread or the terminal (the default, with `owner`), "channel:<id>" for
+    a shared channel."""
+    conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
     w = Writes()
     turn_id = w.spawn(TURN, {"channel": channel, "reply_to": reply_to or {}},
                       conversation_id=conversation.id)
@@ -39,12 +43,13 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
 
 
 async def add_history(store: Store, *, channel: str, conversation_key: str,
-                      messages: list[dict[str, Any]], owner: str | None = None) -> int:
+                      messages: list[dict[str, Any]], owner: str | None = None,
+                      scope: str | None = None) -> int:
     """Earlier messages of a conversation Steward joins late (a Slack thread it is mentioned
     in), as entries for context only: no turn. Each dict has `ref` (the channel's id for
     the message), `text`, and optionally `author`, `role` ("user" or "assistant") and
     `data`. Each ref is recorded once, forever; returns how many were new."""
-    conversation = await store.ensure_conversation(conversation_key, owner=owner)
+    conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
     added = 0
     for m in messages:
         w = Writes()
