@@ -19,6 +19,8 @@ from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
 from bot.config import Config
 from bot.llm.factory import make_client
+from bot.memory.compaction import Compact
+from bot.memory.facts import FACT_TOOLS
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
 from bot.scheduler.loop import Scheduler
@@ -57,12 +59,13 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
 
 def build_registry(deps: AgentDeps) -> Registry:
     """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
-    return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps))
+    return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps),
+                    Compact(deps))
 
 
 async def build_toolbox(config: Config) -> ToolBox:
     toolbox = ToolBox()
-    for t in [*builtin_tools(), schedule_tool]:
+    for t in [*builtin_tools(), schedule_tool, *FACT_TOOLS]:
         toolbox.register(t)
     for module in config.agent.tool_modules:
         await asyncio.to_thread(toolbox.load_module, module)  # imports read files

@@ -12,6 +12,7 @@ from pathlib import Path
 from bot import app, chat
 from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
+from bot.memory.facts import facts_for
 from store import STATES, StoreError, conversation_namespace
 from store.engine import create_engines, migrate
 
@@ -176,9 +177,10 @@ async def _with_app(config: Config, body) -> int:
 async def _context(config: Config, args) -> int:
     async with app.open_app(config) as opened:
         conv = await opened.store.get_conversation(args.key)
-        request = await build_request(opened.store, config, conv.id,
-                                      tools=opened.deps.toolbox.specs(),
-                                      model=opened.deps.client.model)
+        facts = await facts_for(opened.store, conv.id, config.compaction.facts_chars)
+        request = (await build_request(opened.store, config, conv.id,
+                                       tools=opened.deps.toolbox.specs(),
+                                       model=opened.deps.client.model, facts=facts)).request
     if args.json:
         print(request.model_dump_json())
         return 0

@@ -39,6 +39,7 @@ from pydantic import (
 
 __all__ = [
     "AgentConfig",
+    "CompactionConfig",
     "Config",
     "ConfigError",
     "EmailConfig",
@@ -174,6 +175,17 @@ class AgentConfig(_Section):
         return value
 
 
+class CompactionConfig(_Section):
+    enabled: bool = True
+    # Tokens kept free below the window: past (window - reserve) a summary is made in the
+    # background; at the window itself the turn waits for it.
+    reserve_tokens: int = Field(16_000, ge=0)
+    # Tokens of the newest history kept verbatim after the summary.
+    keep_recent_tokens: int = Field(20_000, ge=0)
+    # Most of the long-term facts put into every context, in characters.
+    facts_chars: int = Field(4_000, ge=0)
+
+
 class RuntimeConfig(_Section):
     concurrency: int = Field(8, ge=1)
     lease_seconds: float = Field(15.0, gt=0)
@@ -197,6 +209,7 @@ class Config(_Section):
     slack: SlackConfig = Field(default_factory=SlackConfig)
     email: EmailConfig = Field(default_factory=EmailConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     # set by the loader; not part of the file

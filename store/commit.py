@@ -51,10 +51,12 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     last_seq: dict[int, int] = {}
     for e in writes.entries:
         # The conversation row is the per-conversation sequence (and its lock on PostgreSQL).
+        moved = dict(last_seq=conversations.c.last_seq + 1, updated_at=t)
+        if e.head:
+            moved["head_seq"] = conversations.c.last_seq + 1
         seq = (await conn.execute(
             update(conversations).where(conversations.c.id == e.conversation_id)
-            .values(last_seq=conversations.c.last_seq + 1, updated_at=t)
-            .returning(conversations.c.last_seq)
+            .values(**moved).returning(conversations.c.last_seq)
         )).scalar_one()
         await conn.execute(insert(entries).values(
             conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,

@@ -149,6 +149,7 @@ usage = Table(
     Column("error", Text),
     Column("created_at", Float, nullable=False),
     Index("ix_usage_created", "created_at"),
+    Index("ix_usage_conversation", "conversation_id", "id"),
 )
 
 schedules = Table(

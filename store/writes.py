@@ -24,6 +24,7 @@ class NewEntry:
     ref: str | None = None
     task_id: str | None = None
     created_at: float | None = None  # when it was said (imports); default: now
+    head: bool = False  # a head marker: the model's context starts here from now on
 
 
 @dataclass
@@ -118,9 +119,10 @@ class Writes:
 
     def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
                author: str | None = None, ref: str | None = None,
-               task_id: str | None = None, created_at: float | None = None) -> None:
+               task_id: str | None = None, created_at: float | None = None,
+               head: bool = False) -> None:
         self.entries.append(NewEntry(conversation_id, kind, text, data, author, ref, task_id,
-                                     created_at))
+                                     created_at, head))
 
     def spawn(self, kind: str, inputs: Any, *, parent_id: str | None = None,
               conversation_id: int | None = None, dedupe_key: str | None = None,

@@ -225,7 +225,7 @@ async def test_context_window_reads_only_the_tail(store, tmp_path):
         await store.commit(w)
     config = build_config({"llm": {"context_window": 2000, "max_output_tokens": 500}},
                           home=tmp_path)
-    request = await build_request(store, config, conv.id, tools=[], model="m")
+    request = (await build_request(store, config, conv.id, tools=[], model="m")).request
     texts = [m.content for m in request.messages[1:]]
     assert texts[-1].startswith("message 2999 ")
     assert texts[0].startswith("message ") and len(texts) < 60  # the budget, not 3000

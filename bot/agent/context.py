@@ -1,13 +1,21 @@
-"""Building the request the model receives: system prompt, then the transcript's tail read
-backwards page by page until the window budget is spent. Never the whole transcript."""
+"""Building the request the model receives, in an order that keeps the provider's prompt
+cache warm: the stable prefix first (system prompt, long-term facts, the latest compaction
+summary), then the transcript after the summary's cut, read backwards from the tail page
+by page until the window budget is spent. Time and memory depend on the window, never on
+the length of the history: the head marker says where the context starts.
+"""
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from bot.config import Config
 from bot.llm.types import Message, Request, ToolCall, ToolSpec
-from store import Entry, Store
+from store import Conversation, Entry, Store
 
 PAGE = 100
 SPOKEN = ("user", "assistant", "tool_result")  # what the model sees; `aborted` etc. are not
-CHARS_PER_TOKEN = 3  # conservative: more text per token would only leave headroom
+CHARS_PER_TOKEN = 3  # before the provider has reported any usage: errs on the large side
 
 BASE_PROMPT = """You are {name}, a personal assistant who lives in the user's chat and mailbox.
 Be concise and concrete. Use the tools when they help; never invent their results.
@@ -22,27 +30,103 @@ def system_prompt(config: Config) -> str:
     return prompt
 
 
-async def tail_entries(store: Store, conversation_id: int, *, budget_chars: int,
-                       upto: int | None = None) -> list[Entry]:
-    """The newest entries that fit in `budget_chars`, oldest first. User entries after
-    `upto` belong to later turns (follow-ups wait their turn) and are left out."""
+def entry_chars(entry: Entry) -> int:
+    return len(entry.text) + 200 * len((entry.data or {}).get("tool_calls", []))
+
+
+@dataclass
+class Window:
+    """The transcript part of a context: the summary the head marker holds (if any), the
+    position it covers up to, and the spoken entries after it that fit the budget."""
+
+    summary: str | None
+    cut_seq: int
+    entries: list[Entry]
+    last_seq: int  # the conversation's position when read
+    chars: int = 0
+    complete: bool = True  # False: older entries after the cut did not fit the budget
+
+
+async def head_of(store: Store, conversation: Conversation) -> tuple[str | None, int]:
+    """(summary, cut) from the conversation's head marker, or (None, 0)."""
+    if not conversation.head_seq:
+        return None, 0
+    [marker] = await store.entries_page(conversation.id, after=conversation.head_seq - 1,
+                                        limit=1)
+    return marker.text, int((marker.data or {}).get("cut_seq", marker.seq))
+
+
+async def read_window(store: Store, conversation: Conversation, budget_chars: int) -> Window:
+    summary, cut = await head_of(store, conversation)
     picked: list[Entry] = []
     used = 0
-    before = None
+    before = conversation.last_seq + 1
     while True:
-        page = await store.entries_page(conversation_id, before=before, limit=PAGE)
+        page = await store.entries_page(conversation.id, before=before, limit=PAGE)
         for entry in reversed(page):
-            if entry.kind == "user" and upto is not None and entry.seq > upto:
-                continue
+            if entry.seq <= cut:
+                return Window(summary, cut, picked[::-1], conversation.last_seq, used)
             if entry.kind not in SPOKEN:
                 continue
-            used += len(entry.text) + 200 * len((entry.data or {}).get("tool_calls", []))
-            if used > budget_chars and picked:
-                return picked[::-1]
+            if used + entry_chars(entry) > budget_chars and picked:
+                return Window(summary, cut, picked[::-1], conversation.last_seq, used, False)
+            used += entry_chars(entry)
             picked.append(entry)
         if len(page) < PAGE:
-            return picked[::-1]
+            return Window(summary, cut, picked[::-1], conversation.last_seq, used)
         before = page[0].seq
+
+
+class ContextCache:
+    """The last window of each active conversation, extended with new entries instead of
+    re-read, and dropped when the conversation goes idle (or the cache is full)."""
+
+    def __init__(self, *, max_conversations: int = 64, idle_seconds: float = 600.0):
+        self.max = max_conversations
+        self.idle = idle_seconds
+        self._windows: OrderedDict[int, tuple[float, int | None, int, Window]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    async def window(self, store: Store, conversation: Conversation,
+                     budget_chars: int) -> Window:
+        now = time.monotonic()
+        for cid, (used_at, *_rest) in list(self._windows.items()):
+            if now - used_at > self.idle:
+                del self._windows[cid]
+        cached = self._windows.pop(conversation.id, None)
+        if cached and cached[1] == conversation.head_seq and cached[2] == budget_chars:
+            window = cached[3]
+            if conversation.last_seq > window.last_seq:
+                window = await _extend(store, conversation, window, budget_chars)
+        else:
+            window = await read_window(store, conversation, budget_chars)
+        self._windows[conversation.id] = (now, conversation.head_seq, budget_chars, window)
+        while len(self._windows) > self.max:
+            self._windows.popitem(last=False)
+        return window
+
+
+async def _extend(store: Store, conversation: Conversation, window: Window,
+                  budget_chars: int) -> Window:
+    entries, used = list(window.entries), window.chars
+    after = window.last_seq
+    while True:
+        page = await store.entries_page(conversation.id, after=after, limit=PAGE)
+        for entry in page:
+            if entry.kind in SPOKEN:
+                entries.append(entry)
+                used += entry_chars(entry)
+        if len(page) < PAGE:
+            break
+        after = page[-1].seq
+    complete = window.complete
+    while len(entries) > 1 and used > budget_chars:
+        used -= entry_chars(entries.pop(0))
+        complete = False
+    return Window(window.summary, window.cut_seq, entries, conversation.last_seq, used,
+                  complete)
 
 
 def answer_order(entries: list[Entry]) -> list[Entry]:
@@ -98,14 +182,53 @@ def to_messages(entries: list[Entry]) -> list[Message]:
     return messages
 
 
+@dataclass
+class Assembled:
+    request: Request
+    estimated_tokens: int
+    window: Window = field(repr=False)
+
+
+async def tokens_per_char(store: Store, conversation_id: int) -> float:
+    """From the provider's last reported usage in this conversation: its input tokens over
+    the characters of the request that produced them."""
+    last = await store.list_tasks(kind="llm_call", conversation_id=conversation_id,
+                                  state="done", newest_first=True, limit=1)
+    if last and isinstance(last[0].result, dict) and last[0].result.get("request_chars"):
+        usage = (last[0].result.get("response") or {}).get("usage") or {}
+        if usage.get("input_tokens"):
+            return usage["input_tokens"] / last[0].result["request_chars"]
+    return 1 / CHARS_PER_TOKEN
+
+
+def request_chars(request: Request) -> int:
+    return sum(len(m.content) + sum(len(str(c.arguments)) + 50 for c in m.tool_calls)
+               for m in request.messages) + sum(len(str(t.parameters)) for t in request.tools)
+
+
 async def build_request(store: Store, config: Config, conversation_id: int, *,
-                        tools: list[ToolSpec], model: str, upto: int | None = None) -> Request:
-    window = config.llm.context_window - config.llm.max_output_tokens
+                        tools: list[ToolSpec], model: str, upto: int | None = None,
+                        facts: str = "", cache: ContextCache | None = None) -> Assembled:
+    conversation = await store.get_conversation_by_id(conversation_id)
+    ratio = await tokens_per_char(store, conversation_id)
+    window_tokens = config.llm.context_window - config.llm.max_output_tokens
     prompt = system_prompt(config)
-    budget = max(window * CHARS_PER_TOKEN - len(prompt), 1000)
-    entries = await tail_entries(store, conversation_id, budget_chars=budget, upto=upto)
+    if facts:
+        prompt += "\n\nWhat you know about the people here (long-term memory):\n" + facts
+    fixed = len(prompt) + sum(len(str(t.parameters)) + len(t.description) for t in tools)
+    budget = max(int(window_tokens / ratio) - fixed, 2000)
+    if cache is not None:
+        window = await cache.window(store, conversation, budget)
+    else:
+        window = await read_window(store, conversation, budget)
+    if window.summary:
+        prompt += ("\n\nSummary of the earlier conversation (the full messages are kept; "
+                   "search_history finds them):\n" + window.summary)
+    entries = [e for e in window.entries
+               if not (e.kind == "user" and upto is not None and e.seq > upto)]
     messages = to_messages(entries)
     # A window cut mid-exchange starts at the next user message (some providers insist).
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
-    return Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
-                   messages=[Message(role="system", content=prompt), *messages[first_user:]])
+    request = Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
+                      messages=[Message(role="system", content=prompt), *messages[first_user:]])
+    return Assembled(request, int(request_chars(request) * ratio) + 1, window)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from bot.agent.context import ContextCache
 from bot.agent.events import Events
 from bot.channels import Channel
 from bot.config import Config
@@ -22,4 +23,5 @@ class AgentDeps:
     http: httpx.AsyncClient
     events: Events = field(default_factory=Events)
     channels: dict[str, Channel] = field(default_factory=dict)
+    context_cache: ContextCache = field(default_factory=ContextCache)
     wake: Callable[[], None] = lambda: None  # the runner's, once there is one

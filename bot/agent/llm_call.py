@@ -8,6 +8,7 @@ for the record but never shown to the model.
 
 import time
 
+from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
 from bot.llm.errors import LLMError
@@ -39,6 +40,7 @@ class LLMCall(Effect):
                                                               "turn": ctx.task.parent_id}))
 
         request = Request.model_validate(ctx.inputs["request"])
+        quiet = ctx.inputs.get("quiet", False)
         streamed = ""
         last_commit = 0.0
 
@@ -48,8 +50,9 @@ class LLMCall(Effect):
             if time.monotonic() - last_commit >= PARTIAL_EVERY:
                 last_commit = time.monotonic()
                 await ctx.save_checkpoint({**checkpoint, "partial": streamed})
-                self.deps.events.publish(Event(conv_id, "partial", {
-                    "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed}))
+                if not quiet:  # a summary, say: nothing any channel should show
+                    self.deps.events.publish(Event(conv_id, "partial", {
+                        "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed}))
                 kill_point("mid-stream", self.kind)
 
         async def on_retry(attempt: int, error: Exception, delay: float) -> None:
@@ -85,6 +88,8 @@ class LLMCall(Effect):
                 base_delay=self.deps.config.runtime.retry_base_seconds,
                 max_delay=min(60.0, self.deps.config.runtime.retry_max_seconds))
         except LLMError as exc:
-            # Retrying is done (or pointless): the turn tells the user what went wrong.
+            # Retrying is done (or pointless): the turn tells the user what went wrong (or,
+            # for a context overflow, compacts and tries once more).
             return {"error": str(exc), "error_type": type(exc).__name__}
-        return {"response": response.model_dump(mode="json")}
+        return {"response": response.model_dump(mode="json"),
+                "request_chars": request_chars(request)}

@@ -15,6 +15,9 @@ from bot.agent.context import build_request
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import TURN
 from bot.llm.types import Response, ToolCall
+from bot.memory.compaction import KIND as COMPACT
+from bot.memory.compaction import compaction_due
+from bot.memory.facts import facts_for
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
 from store import DONE, INTERRUPTED, Task
 
@@ -54,12 +57,25 @@ class Turn(TaskDef):
 
     async def _phase_llm(self, ctx: TaskContext):
         cp = ctx.checkpoint
-        client = self.deps.client
-        tools = self.deps.toolbox.specs() if cp["round"] < self.deps.config.agent.max_tool_rounds \
-            else []
-        request = await build_request(self.store, self.deps.config, ctx.task.conversation_id,
-                                      tools=tools, model=client.model, upto=cp["upto"])
-        llm_task = ctx.spawn("llm_call", {"request": request.model_dump(mode="json")})
+        deps, conv_id = self.deps, ctx.task.conversation_id
+        config = deps.config
+        tools = deps.toolbox.specs() if cp["round"] < config.agent.max_tool_rounds else []
+        assembled = await build_request(
+            self.store, config, conv_id, tools=tools, model=deps.client.model,
+            upto=cp["upto"], cache=deps.context_cache,
+            facts=await facts_for(self.store, conv_id, config.compaction.facts_chars))
+        if config.compaction.enabled:
+            limit = config.llm.context_window - config.llm.max_output_tokens
+            full = assembled.estimated_tokens > limit or not assembled.window.complete
+            near = assembled.estimated_tokens > limit - config.compaction.reserve_tokens
+            if (full or near) and await compaction_due(self.store, conv_id):
+                if full and not cp.get("compacted"):
+                    # At the limit: wait for the summary (once per turn), then assemble again.
+                    ctx.spawn(COMPACT, {"reason": "window full"})
+                    return Wait("llm", {**cp, "compacted": True})
+                # Approaching it: summarise in the background while this turn goes on.
+                ctx.writes.spawn(COMPACT, {"reason": "window filling"}, conversation_id=conv_id)
+        llm_task = ctx.spawn("llm_call", {"request": assembled.request.model_dump(mode="json")})
         return Wait("after_llm", {**cp, "llm_task": llm_task})
 
     async def _phase_after_llm(self, ctx: TaskContext):
@@ -67,6 +83,10 @@ class Turn(TaskDef):
         conv_id = ctx.task.conversation_id
         call = await self.store.get_task(cp["llm_task"])
         result = call.result or {}
+        if result.get("error_type") == "ContextOverflow" and not cp.get("overflow_retried"):
+            # The provider says it does not fit after all: compact, then try once more.
+            ctx.spawn(COMPACT, {"reason": "context overflow"})
+            return Wait("llm", {**cp, "overflow_retried": True, "compacted": True})
         if call.state != DONE or "error" in result:
             problem = result.get("error") or call.error or call.state
             text = f"Sorry, I could not get an answer from the model: {problem}"

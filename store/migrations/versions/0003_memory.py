@@ -21,9 +21,12 @@ def upgrade() -> None:
                                    server_default="private:local"))
         batch.add_column(sa.Column("head_seq", sa.BigInteger))
     op.create_index("ix_conversations_scope", "conversations", ["scope"])
+    # The provider's last reported usage per conversation: the base of token estimates.
+    op.create_index("ix_usage_conversation", "usage", ["conversation_id", "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_usage_conversation", "usage")
     op.drop_index("ix_conversations_scope", "conversations")
     with op.batch_alter_table("conversations") as batch:
         batch.drop_column("head_seq")

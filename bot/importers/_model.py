@@ -1,0 +1,72 @@
+"""What every reader yields: an `Item` (one message to import), a `Skip` (a record that is
+not a message, such as a Slack join notice) or a `Problem` (a malformed record, skipped and
+reported). Plus the small helpers that make outside text safe for both databases."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+# Column limits of the store (store/schema.py); PostgreSQL enforces them, SQLite does not.
+MAX_KEY = 512
+MAX_EXTERNAL_ID = 512
+MAX_AUTHOR = 256
+MAX_SCOPE = 256
+
+
+@dataclass(slots=True)
+class Item:
+    key: str  # the conversation key (joins live conversations: same scheme as connectors)
+    kind: str  # "user" or "assistant"
+    text: str
+    author: str | None
+    ref: str  # stored on the entry
+    external_id: str  # deduplicates it forever on channel "import:<format>"
+    created_at: float | None  # when it was said (unix seconds); None: unknown
+    owner: str | None = None
+    scope: str | None = None  # None: the store's default (private to the owner)
+    data: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Skip:
+    reason: str  # e.g. "channel_join", "empty"
+
+
+@dataclass(slots=True)
+class Problem:
+    where: str  # "line 17", "general/2020-01-02.json message 3", "message 12 at byte 3456"
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"where": self.where, "reason": self.reason}
+
+
+def clean(text: str) -> str:
+    """Text both databases accept: no NUL (PostgreSQL refuses it), no lone surrogates."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def fit(text: str | None, limit: int) -> str | None:
+    return None if text is None else clean(text)[:limit]
+
+
+def digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8", "replace"))
+        h.update(b"\x00")
+    return h.hexdigest()[:32]
+
+
+def bounded_id(value: str, limit: int = MAX_EXTERNAL_ID) -> str:
+    """An id that fits its column: long ones are replaced by a stable hash of themselves."""
+    value = clean(value)
+    return value if len(value) <= limit else f"sha256:{digest(value)}"

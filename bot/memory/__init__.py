@@ -1,0 +1,1 @@
+"""Long-term memory: facts, compaction, full-history search."""
