@@ -12,8 +12,9 @@ from pathlib import Path
 from bot import app, chat
 from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
+from bot.memory.compaction import KIND as COMPACT
 from bot.memory.facts import facts_for
-from store import STATES, StoreError, conversation_namespace
+from store import STATES, StoreError, Writes, conversation_namespace
 from store.engine import create_engines, migrate
 
 DEFAULT_SESSION = "cli:default"
@@ -46,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     context = sub.add_parser("context", help="the exact context the model would get now")
     context.add_argument("key")
     context.add_argument("--json", action="store_true")
+    compact = sub.add_parser("compact", help="summarise a conversation's old history now")
+    compact.add_argument("key")
     tasks = listing("tasks", "tasks by state")
     tasks.add_argument("--state", choices=STATES)
     listing("sessions", "conversations, newest first")
@@ -194,6 +197,26 @@ async def _context(config: Config, args) -> int:
     return 0
 
 
+async def _compact(config: Config, args) -> int:
+    async with app.open_app(config) as opened:
+        conv = await opened.store.get_conversation(args.key)
+        w = Writes()
+        task_id = w.spawn(COMPACT, {"reason": "on demand"}, conversation_id=conv.id)
+        await opened.store.commit(w)
+        await opened.runner.run(until_idle=True)
+        task = await opened.store.get_task(task_id)
+        conv = await opened.store.get_conversation(args.key)
+    if task.state != "done":
+        print(f"steward: compaction {task.state}: {task.error}", file=sys.stderr)
+        return 1
+    if "skipped" in (task.result or {}):
+        print(f"nothing to compact: {task.result['skipped']}")
+    else:
+        print(f"compacted {args.key} up to entry {task.result['cut']}; "
+              f"the summary is entry {conv.head_seq}")
+    return 0
+
+
 COMMANDS = {
     "run": lambda c, a: app.run_forever(c),
     "resume": lambda c, a: _with_app(c, chat.resume),
@@ -201,6 +224,7 @@ COMMANDS = {
                                                         a.request_id)),
     "chat": lambda c, a: _with_app(c, lambda o: chat.chat(o, a.session)),
     "context": _context,
+    "compact": _compact,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
     "fork": _fork, "doc": _doc,
 }

@@ -158,3 +158,26 @@ async def test_schedules_listing(home):
                                                           "2100-01-01 00:00:00")
     code, out, _ = await steward(home, "schedules", "--all", "--json")
     assert len(out.splitlines()) == 2
+
+
+async def test_compact_on_demand(home):
+    (home / "config.toml").write_text(
+        '[llm]\nprovider = "scripted"\n[compaction]\nkeep_recent_tokens = 50\n')
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    conv = await store.ensure_conversation("cli:long")
+    w = Writes()
+    for n in range(20):
+        w.append(conv.id, "user", f"question {n} " + "q" * 60)
+        w.append(conv.id, "assistant", f"answer {n}")
+    await store.commit(w)
+    await store.close()
+    code, out, err = await steward(home, "compact", "cli:long")
+    assert code == 0, err
+    assert out.startswith("compacted cli:long up to entry ")
+    code, out, _ = await steward(home, "log", "cli:long", "--json", "--limit", "1")
+    assert json.loads(out)["kind"] == "compaction"
+    code, out, _ = await steward(home, "context", "cli:long", "--json")
+    request = json.loads(out)
+    assert "Summary of the earlier conversation" in request["messages"][0]["content"]
+    spoken = [m["content"] for m in request["messages"][1:]]
+    assert spoken[-1] == "answer 19" and not any(c.startswith("question 0 ") for c in spoken)
