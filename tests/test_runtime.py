@@ -278,3 +278,25 @@ async def test_lease_is_fenced(store):
     else:
         raise AssertionError("a worker without the lease moved the task on")
     assert (await store.get_task(task_id)).state == RUNNING
+
+
+async def test_a_phase_whose_writes_the_store_refuses_is_a_failed_attempt(store):
+    class BadEdit(Effect):
+        kind = "bad_edit"
+        policy = Policy.SAFE
+        calls = 0
+
+        async def perform(self, ctx):
+            BadEdit.calls += 1
+            ctx.writes.edit_document("ns", "doc", [{"op": "delete", "path": ["missing"]}])
+            ctx.writes.append(conv.id, "user", "must not land")
+            return "done?"
+
+    conv = await store.ensure_conversation("cli:bad")
+    task_id = await spawn(store, "bad_edit", {})
+    await run_all(store, BadEdit())
+    task = await store.get_task(task_id)
+    assert task.state == FAILED and "dead-lettered after 3 attempts" in task.error
+    assert "missing" in task.error
+    assert BadEdit.calls == 3
+    assert await store.entries_page(conv.id) == []  # nothing of the refused phase landed

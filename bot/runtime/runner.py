@@ -28,6 +28,7 @@ from store import (
     WAITING,
     LeaseLost,
     Store,
+    StoreError,
     Task,
     TaskUpdate,
     Writes,
@@ -204,7 +205,13 @@ class Runner:
             except Exception as exc:
                 await self._failed_attempt(ctx, exc, attempt)
                 return
-            await self._commit(ctx, self._outcome_update(ctx, outcome))
+            try:
+                await self._commit(ctx, self._outcome_update(ctx, outcome))
+            except LeaseLost:
+                raise
+            except StoreError as exc:  # the phase wrote something the store refuses
+                await self._failed_attempt(ctx, exc, attempt)
+                return
             attempt = 1
             if isinstance(outcome, Continue | Wait | Sleep):
                 kill_point("after-phase", f"{task.kind}.{outcome.phase}")
@@ -245,6 +252,7 @@ class Runner:
         log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
                     error, exc_info=not isinstance(exc, NotPerformed))
         phase = "" if isinstance(exc, NotPerformed) else ctx.phase
+        ctx.writes = Writes()  # the failed phase's writes are dropped
         if attempt >= self.options.max_attempts:
             await self._commit(ctx, self._update(
                 ctx, FAILED, phase=phase,
@@ -253,6 +261,5 @@ class Runner:
         delay = min(self.options.retry_max_seconds,
                     self.options.retry_base_seconds * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
-        ctx.writes = Writes()  # the failed phase's writes are dropped
         await self._commit(ctx, self._update(ctx, PENDING, phase=phase, error=error,
                                              run_after=time.time() + delay, attempts=attempt))
