@@ -230,3 +230,18 @@ async def test_context_window_reads_only_the_tail(store, tmp_path):
     assert texts[-1].startswith("message 2999 ")
     assert texts[0].startswith("message ") and len(texts) < 60  # the budget, not 3000
     assert request.messages[1].role == "user"
+
+
+async def test_a_follow_up_answered_together_is_not_shown_again_after_the_answer(store):
+    """Turn A started after B's message arrived, so A answered both; B's message must sit
+    before A's answer, or the model would see it as still open and answer it twice."""
+    conv = await store.ensure_conversation("cli:order")
+    w = Writes()
+    w.append(conv.id, "user", "m0", task_id="A")
+    w.append(conv.id, "user", "m1", task_id="B")
+    w.append(conv.id, "assistant", "both answered", task_id="A",
+             data={"final": True, "answers_upto": 2})
+    w.append(conv.id, "user", "m2", task_id="C")
+    await store.commit(w)
+    messages = to_messages(await store.entries_page(conv.id))
+    assert [m.content for m in messages] == ["m0", "m1", "both answered", "m2"]

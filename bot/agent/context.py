@@ -142,11 +142,18 @@ def answer_order(entries: list[Entry]) -> list[Entry]:
                 held.append(e)
                 continue
             working = e.task_id
-        ordered.append(e)
-        if e.kind == "assistant" and (e.data or {}).get("final") and e.task_id == working:
+        data = e.data or {}
+        if e.kind == "assistant" and data.get("final") and e.task_id == working:
+            # Messages the turn saw when it started were part of what it answered.
+            upto = data.get("answers_upto", 0)
+            ordered.extend(h for h in held if h.seq <= upto)
+            ordered.append(e)
+            held = [h for h in held if h.seq > upto]
             ordered.extend(held)
             working = held[0].task_id if held else None
             held = []
+            continue
+        ordered.append(e)
     return ordered + held
 
 

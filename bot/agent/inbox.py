@@ -1,6 +1,7 @@
 """Accepting an inbound message: one commit stores the submission (deduplicated forever
 by the channel's own ids), the user's entry and the turn that will answer it."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +21,13 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                          conversation_key: str, text: str, author: str | None = None,
                          owner: str | None = None, reply_to: dict[str, Any] | None = None,
                          data: dict[str, Any] | None = None,
-                         scope: str | None = None) -> Accepted:
+                         scope: str | None = None,
+                         extra: Callable[[Conversation, Writes], None] | None = None
+                         ) -> Accepted:
     """`scope` says who may later see what is said here (search, memory): "private:<person>"
     for a DM, a mail thread or the terminal (the default, with `owner`), "channel:<id>" for
-    a shared channel."""
+    a shared channel. `extra(conversation, writes)` adds the channel's own writes to the
+    same commit (a mailbox cursor, attachments), so they land with the message or not."""
     conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
     w = Writes()
     turn_id = w.spawn(TURN, {"channel": channel, "reply_to": reply_to or {}},
@@ -32,6 +36,8 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
              payload={"author": author})
     w.append(conversation.id, "user", text, author=author, ref=external_ids[0],
              data={"channel": channel, **(data or {})}, task_id=turn_id)
+    if extra is not None:
+        extra(conversation, w)
     result = await store.commit(w)
     if result.duplicate:
         for external_id in external_ids:

@@ -1,0 +1,21 @@
+"""Email: mail Steward a task, get one threaded answer, even if it was down when you wrote.
+
+    connector   EmailConnector: the watcher and the channel, started by `steward run`
+    watcher     the IMAP loop: cursor, IDLE or polling, reconnects, UIDVALIDITY resync
+    intake      one message -> one commit (a turn, a skip record or a quarantine) + cursor
+    cursor      the (UIDVALIDITY, UID) cursor document
+    imap        the aioimaplib seam (ssl/starttls/none, BODY.PEEK[], APPEND, IDLE)
+    parse       MIME -> Mail (text/plain preferred, HTML to text, attachments with a cap)
+    headers     header decoding and message ids; charsets: bytes -> str, whatever they claim
+    trim        quoted history and signatures cut for the model
+    render      Mail -> the entry's text and data, attachment documents
+    policy      RFC 3834, allowed senders, Authentication-Results
+    threads     one conversation per thread; the reply subject
+    reply       the reply message and its deterministic Message-ID
+    smtp        aiosmtplib sending with a hook before DATA
+    channel     EmailChannel: send with the Sent journal, find after a crash
+"""
+
+from connectors.email.connector import EmailConnector
+
+__all__ = ["EmailConnector"]

@@ -1,0 +1,69 @@
+"""The email connector: a mailbox watcher feeding the agent, and the channel its answers
+go out through. Built by the application wiring as `EmailConnector(config, deps)`."""
+
+import asyncio
+import logging
+import ssl
+
+from bot.agent.deps import AgentDeps
+from bot.config import Config
+from connectors.email.channel import EmailChannel
+from connectors.email.imap import ImapSession
+from connectors.email.intake import Intake
+from connectors.email.watcher import Watcher
+
+log = logging.getLogger(__name__)
+
+STOP_SECONDS = 15.0
+MIN_MESSAGE_LIMIT = 25_000_000  # bytes; bigger mail is quarantined unread
+
+
+def message_limit(max_attachment_bytes: int) -> int:
+    """The largest message fetched: room for a few attachments at the cap, base64-encoded."""
+    return max(MIN_MESSAGE_LIMIT, 4 * max_attachment_bytes + 1_000_000)
+
+
+class EmailConnector:
+    name = "email"
+
+    def __init__(self, config: Config, deps: AgentDeps, *,
+                 ssl_context: ssl.SSLContext | None = None,
+                 max_message_bytes: int | None = None):
+        email = config.email
+        password = config.secret(email.imap_password_env)
+        smtp_password = config.secret(email.smtp_password_env) if email.smtp_user else None
+
+        def open_session() -> ImapSession:
+            return ImapSession(host=email.imap_host, port=email.imap_port,
+                               security=email.imap_security,
+                               user=email.imap_user or email.address, password=password,
+                               ssl_context=ssl_context)
+
+        self.config = email
+        self.channel = EmailChannel(email, open_session=open_session,
+                                    smtp_password=smtp_password, sender_name=config.agent.name,
+                                    ssl_context=ssl_context)
+        self.intake = Intake(deps.store, email, wake=lambda: deps.wake())
+        self.watcher = Watcher(
+            self.intake, open_session, mailbox=email.mailbox, idle_seconds=email.idle_seconds,
+            poll_seconds=email.poll_seconds,
+            max_message_bytes=max_message_bytes or message_limit(email.max_attachment_bytes))
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._stop.clear()
+        self._task = asyncio.create_task(self.watcher.run(self._stop), name="email-watcher")
+        log.info("email: connector started for %s", self.config.address)
+
+    async def stop(self) -> None:
+        """Stop taking mail; a message being committed finishes first."""
+        self._stop.set()
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_SECONDS)
+        except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

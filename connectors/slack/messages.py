@@ -1,0 +1,195 @@
+"""Steward's answers in Slack, each part found again by the key in its metadata.
+
+An answer of several parts is keyed `KEY`, `KEY#2`, `KEY#3`... (`part_key`). Every post
+carries `metadata = {"event_type": "steward_reply", "event_payload": {"key": ...}}`, so
+after a restart the very same message is found (conversations.replies for a thread,
+conversations.history for a DM, from the user's message on) and edited in place rather
+than posted again. What this process posted or saw is remembered (bounded); a key it does
+not know is looked up in Slack before anything is posted under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+
+from bot.runtime.killpoints import kill_point
+
+from .web import SlackWeb
+
+log = logging.getLogger(__name__)
+
+META_TYPE = "steward_reply"
+REMEMBERED = 5000  # keys kept in memory
+LOOKUP_PAGES = 10  # pages of 200 messages searched after the user's message
+POST_ATTEMPTS = 3
+GONE = {"message_not_found", "cant_update_message"}  # deleted by a person in Slack
+
+
+def part_key(key: str, index: int) -> str:
+    return key if index == 0 else f"{key}#{index + 1}"
+
+
+@dataclass
+class Posted:
+    channel: str
+    ts: str
+    text: str
+
+
+class Messages:
+    def __init__(self, web: SlackWeb):
+        self.web = web
+        self._known: OrderedDict[str, Posted | None] = OrderedDict()
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    # -- per-answer lock (a stream and the final delivery never write at once) -------
+
+    @asynccontextmanager
+    async def locked(self, key: str):
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    # -- finding --------------------------------------------------------------------
+
+    def _remember(self, key: str, posted: Posted | None) -> None:
+        self._known[key] = posted
+        self._known.move_to_end(key)
+        while len(self._known) > REMEMBERED:
+            self._known.popitem(last=False)
+
+    async def find(self, key: str, where: dict[str, Any]) -> Posted | None:
+        """The message posted under `key`, from memory or else from Slack."""
+        found = self._known.get(key)
+        if found is None:
+            await self._scan(where)
+            found = self._known.get(key)
+        return found
+
+    async def _scan(self, where: dict[str, Any]) -> None:
+        """Read the channel (or thread) after the user's message and remember every
+        Steward message in it by key."""
+        channel, thread = where["channel"], where.get("thread_ts")
+        args: dict[str, Any] = {"channel": channel, "limit": 200, "include_all_metadata": True}
+        if where.get("message_ts"):
+            args["oldest"] = where["message_ts"]
+        cursor = None
+        for _ in range(LOOKUP_PAGES):
+            if thread:
+                page = await self.web.call("conversations_replies", ts=thread, cursor=cursor,
+                                           **args)
+            else:
+                page = await self.web.call("conversations_history", cursor=cursor, **args)
+            for m in page.get("messages") or []:
+                meta = m.get("metadata") or {}
+                found = (meta.get("event_payload") or {}).get("key")
+                if meta.get("event_type") == META_TYPE and found:
+                    self._remember(found, Posted(channel, m["ts"], m.get("text") or ""))
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                return
+
+    # -- writing --------------------------------------------------------------------
+
+    async def write(self, key: str, where: dict[str, Any], parts: list[str]) -> list[Posted]:
+        """Make the answer's messages show `parts`: post the missing ones, edit changed
+        ones, delete parts beyond the new end that this process knows of. Call it holding
+        `locked(key)`."""
+        shown = []
+        scanned = False
+        for i, text in enumerate(parts):
+            k = part_key(key, i)
+            found = self._known.get(k)
+            if found is None and not scanned:
+                await self._scan(where)
+                scanned, found = True, self._known.get(k)
+            if found is not None and found.text != text:
+                found = await self._update(k, found, text)
+            if found is None:
+                found = await self._post(k, where, text)
+            shown.append(found)
+        extra = len(parts)
+        while (stale := self._known.get(part_key(key, extra))) is not None:
+            await self._delete(part_key(key, extra), stale)
+            extra += 1
+        return shown
+
+    async def remove(self, key: str, where: dict[str, Any]) -> int:
+        """Delete every part of an answer that exists (the question was withdrawn)."""
+        removed, i = 0, 0
+        while (found := await self.find(part_key(key, i), where)) is not None:
+            await self._delete(part_key(key, i), found)
+            removed, i = removed + 1, i + 1
+        return removed
+
+    async def _update(self, key: str, posted: Posted, text: str) -> Posted | None:
+        """Edit a part; None if it is gone (deleted in Slack), so it is posted again."""
+        try:
+            await self.web.call("chat_update", channel=posted.channel, ts=posted.ts, text=text,
+                                metadata=_metadata(key))
+        except SlackApiError as exc:
+            if exc.response.get("error") not in GONE:
+                raise
+            log.warning("slack: the message of %s is gone; posting it again", key)
+            self._remember(key, None)
+            return None
+        updated = Posted(posted.channel, posted.ts, text)
+        self._remember(key, updated)
+        return updated
+
+    async def _delete(self, key: str, posted: Posted) -> None:
+        try:
+            await self.web.call("chat_delete", channel=posted.channel, ts=posted.ts)
+        except SlackApiError as exc:
+            if exc.response.get("error") not in GONE:
+                raise
+        self._remember(key, None)
+
+    async def _post(self, key: str, where: dict[str, Any], text: str) -> Posted:
+        args: dict[str, Any] = {"channel": where["channel"], "text": text,
+                                "metadata": _metadata(key), "unfurl_links": False}
+        if where.get("thread_ts"):
+            args["thread_ts"] = where["thread_ts"]
+        for attempt in range(1, POST_ATTEMPTS + 1):
+            try:
+                response = await self.web.post(**args)
+                break
+            except SlackApiError as exc:
+                status = exc.response.status_code
+                if status < 500 or attempt == POST_ATTEMPTS:
+                    raise
+                log.warning("slack: chat.postMessage answered %s; looking before retrying",
+                            status)
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt == POST_ATTEMPTS:
+                    raise
+                log.warning("slack: chat.postMessage failed (%s); looking before retrying", exc)
+            await asyncio.sleep(0.5 * attempt)
+            await self._scan(where)
+            found = self._known.get(key)
+            if found is not None:
+                return found
+        posted = Posted(response["channel"], response["ts"], text)
+        self._remember(key, posted)
+        kill_point("slack-posted", "slack")
+        return posted
+
+
+def _metadata(key: str) -> dict[str, Any]:
+    return {"event_type": META_TYPE, "event_payload": {"key": key}}

@@ -1,0 +1,63 @@
+"""Which conversation a Slack message belongs to, where its answer goes, and whether its
+author may talk to Steward. Pure functions over `Inbound` and `SlackConfig`.
+
+    a DM (top level)            slack:<team>:<channel>             answered in the DM
+    a thread (DM or channel)    slack:<team>:<channel>:<thread_ts> answered in the thread
+    a mention at a channel's    slack:<team>:<channel>:<ts>        answered in a new thread
+    top level                                                      under the message
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from bot.config import SlackConfig
+
+from .events import Inbound
+
+Access = Literal["allow", "refuse", "ignore"]
+
+
+def thread_root(ev: Inbound) -> str | None:
+    """The thread the answer goes to (None: the DM itself)."""
+    if ev.thread_ts:
+        return ev.thread_ts
+    return None if ev.is_dm else ev.ts
+
+
+def conversation_key(ev: Inbound) -> str:
+    root = thread_root(ev)
+    key = f"slack:{ev.team}:{ev.channel}"
+    return key if root is None else f"{key}:{root}"
+
+
+def reply_to(ev: Inbound) -> dict[str, Any]:
+    """What a delivery needs to answer this message (stored with its turn)."""
+    return {"team": ev.team, "channel": ev.channel, "thread_ts": thread_root(ev),
+            "message_ts": ev.ts, "user": ev.user}
+
+
+def always_addressed(ev: Inbound) -> bool:
+    """A DM or a mention is for Steward; other channel messages only in a followed thread."""
+    return ev.is_dm or ev.mention
+
+
+def may_concern_steward(ev: Inbound) -> bool:
+    """Cheap first filter, before anything is stored: a channel message that neither
+    mentions Steward nor sits in a thread can never be for it."""
+    return always_addressed(ev) or ev.thread_ts is not None or ev.kind != "message"
+
+
+def access(config: SlackConfig, ev: Inbound) -> Access:
+    if ev.bot and not config.answer_bots:
+        return "ignore"  # other bots are never refused: two bots would argue forever
+    user_ok = config.allow_everyone or ev.user in config.allowed_users
+    channel_ok = ev.is_dm or not config.allowed_channels or ev.channel in config.allowed_channels
+    if user_ok and channel_ok:
+        return "allow"
+    return "ignore" if ev.bot else config.unlisted
+
+
+def owner(ev: Inbound) -> str:
+    """Whose conversation it is (memory is scoped by it)."""
+    return f"slack:{ev.team}:{ev.user}"

@@ -1,0 +1,149 @@
+"""Streaming: the committed partial text of a Slack turn, shown in the answer's message.
+
+The agent commits streamed text about every 100 ms and publishes it as a "partial" event
+carrying the turn id. For a turn that answers in Slack, the first partial posts the
+answer's message under the delivery's own key (`<turn>.answer`, in the metadata); later
+ones edit it at most every `stream_update_seconds` (intermediate texts are skipped, and a
+429 from Slack simply stretches the interval). The final delivery edits the same message
+(`SlackChannel.send` marks the key finished first, so no stream edit lands after it).
+After a restart the key finds the same message, so the answer continues in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.agent.events import Events
+from bot.runtime.killpoints import kill_point
+from store import Store
+
+from .messages import Messages
+from .mrkdwn import render
+
+log = logging.getLogger(__name__)
+
+IDLE_SECONDS = 300.0  # a stream with no new text for this long is dropped (re-made on demand)
+REMEMBERED = 5000
+TYPING = " …"  # shown at the end while the answer is still being written
+
+
+@dataclass
+class _Stream:
+    key: str
+    where: dict[str, Any]
+    text: str = ""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    writing: bool = False
+    writes: int = 0
+    task: asyncio.Task | None = None
+
+
+class Streams:
+    def __init__(self, events: Events, store: Store, messages: Messages, *, channel: str,
+                 interval: float):
+        self.events = events
+        self.store = store
+        self.messages = messages
+        self.channel = channel
+        self.interval = interval
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._turns: OrderedDict[str, dict | None] = OrderedDict()  # turn -> reply_to
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    def start(self) -> None:
+        self._queue = self.events.subscribe(None)
+        self._task = asyncio.create_task(self._listen(), name="slack-streams")
+
+    async def stop(self) -> None:
+        if self._queue is not None:
+            self.events.unsubscribe(self._queue)
+        tasks = [t for t in [self._task, *(s.task for s in self._streams.values())] if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._streams.clear()
+
+    def finish(self, key: str) -> None:
+        """The final answer is being delivered: no stream edit may follow."""
+        _bounded_add(self._finished, key)
+        stream = self._streams.pop(key, None)
+        if stream is not None and stream.task is not None and not stream.writing:
+            stream.task.cancel()
+
+    async def _listen(self) -> None:
+        assert self._queue is not None
+        while True:
+            event = await self._queue.get()
+            if event.kind != "partial":
+                continue
+            try:
+                await self._on_partial(event.data.get("turn"), event.data.get("text") or "")
+            except Exception:  # noqa: BLE001 - showing progress must never stop the listener
+                log.exception("slack: streaming a partial failed")
+
+    async def _on_partial(self, turn: str | None, text: str) -> None:
+        if not turn or not text.strip():
+            return
+        key = f"{turn}.answer"
+        if key in self._finished:
+            return
+        where = await self._where(turn)
+        if where is None or key in self._finished:
+            return
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream(key, where)
+            stream.task = asyncio.create_task(self._pump(stream), name=f"slack-stream:{key}")
+        stream.text = text
+        stream.changed.set()
+
+    async def _where(self, turn: str) -> dict | None:
+        """Where a turn answers, if in Slack (None for other channels)."""
+        if turn not in self._turns:
+            task = await self.store.get_task(turn)
+            inputs = task.inputs if isinstance(task.inputs, dict) else {}
+            where = inputs.get("reply_to") if inputs.get("channel") == self.channel else None
+            self._turns[turn] = where or None
+            while len(self._turns) > REMEMBERED:
+                self._turns.popitem(last=False)
+        return self._turns[turn]
+
+    async def _pump(self, stream: _Stream) -> None:
+        try:
+            while True:
+                await asyncio.wait_for(stream.changed.wait(), IDLE_SECONDS)
+                stream.changed.clear()
+                stream.writing = True
+                try:
+                    async with self.messages.locked(stream.key):
+                        if stream.key in self._finished:
+                            return
+                        parts = render(stream.text)
+                        parts[-1] += TYPING
+                        await self.messages.write(stream.key, stream.where, parts)
+                        stream.writes += 1
+                        if stream.writes > 1:  # an edit (the first write posts)
+                            kill_point("slack-stream-updated", "slack")
+                except Exception:  # noqa: BLE001 - the final delivery will show the answer
+                    log.exception("slack: updating the streamed answer %s failed", stream.key)
+                finally:
+                    stream.writing = False
+                await asyncio.sleep(self.interval)
+        except TimeoutError:
+            pass
+        finally:
+            if self._streams.get(stream.key) is stream:
+                del self._streams[stream.key]
+
+
+def _bounded_add(seen: OrderedDict, key: str) -> None:
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > REMEMBERED:
+        seen.popitem(last=False)
