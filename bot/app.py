@@ -21,6 +21,7 @@ from bot.config import Config
 from bot.llm.factory import make_client
 from bot.memory.compaction import Compact
 from bot.memory.facts import FACT_TOOLS
+from bot.memory.search import search_history
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
 from bot.scheduler.loop import Scheduler
@@ -65,7 +66,7 @@ def build_registry(deps: AgentDeps) -> Registry:
 
 async def build_toolbox(config: Config) -> ToolBox:
     toolbox = ToolBox()
-    for t in [*builtin_tools(), schedule_tool, *FACT_TOOLS]:
+    for t in [*builtin_tools(), schedule_tool, *FACT_TOOLS, search_history]:
         toolbox.register(t)
     for module in config.agent.tool_modules:
         await asyncio.to_thread(toolbox.load_module, module)  # imports read files

@@ -14,6 +14,7 @@ from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
 from bot.memory.compaction import KIND as COMPACT
 from bot.memory.facts import facts_for
+from bot.memory.search import search_command
 from store import STATES, StoreError, Writes, conversation_namespace
 from store.engine import create_engines, migrate
 
@@ -47,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     context = sub.add_parser("context", help="the exact context the model would get now")
     context.add_argument("key")
     context.add_argument("--json", action="store_true")
+    search = sub.add_parser("search", help="full-history search")
+    search.add_argument("query", nargs="+")
+    search.add_argument("--session", help="only this conversation")
+    search.add_argument("--limit", type=int, default=10)
+    search.add_argument("--json", action="store_true", help="one JSON object per line")
     compact = sub.add_parser("compact", help="summarise a conversation's old history now")
     compact.add_argument("key")
     tasks = listing("tasks", "tasks by state")
@@ -225,6 +231,7 @@ COMMANDS = {
     "chat": lambda c, a: _with_app(c, lambda o: chat.chat(o, a.session)),
     "context": _context,
     "compact": _compact,
+    "search": search_command,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
     "fork": _fork, "doc": _doc,
 }

@@ -42,3 +42,7 @@ __all__ = [
     "UsageRecord", "Writes", "conversation_namespace",
     "new_id", "open_store",
 ]
+
+from store.search import Hit  # noqa: E402
+
+__all__ += ["Hit"]

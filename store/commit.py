@@ -129,6 +129,12 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
     )).first()
     if row is None:
         raise LeaseLost(u.task_id, u.owner)
+    if u.state == PENDING and u.wake_if_settled:
+        other = tasks.alias("other")
+        settled = exists().where(other.c.id.in_(u.wake_if_settled),
+                                 other.c.state.in_(list(TERMINAL)))
+        await conn.execute(update(tasks).where(tasks.c.id == u.task_id, settled)
+                           .values(run_after=0.0))
     if u.state == WAITING:
         await wake_if_ready(conn, u.task_id, t)
     elif u.state in TERMINAL and row.parent_id is not None:

@@ -84,7 +84,7 @@ tasks = Table(
     Column("updated_at", Float, nullable=False),
     Index("ix_tasks_state_run_after", "state", "run_after"),
     Index("ix_tasks_parent", "parent_id"),
-    Index("ix_tasks_conversation_kind", "conversation_id", "kind"),
+    Index("ix_tasks_conversation_kind", "conversation_id", "kind", "id"),
 )
 
 submissions = Table(

@@ -13,6 +13,7 @@ from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
 from store.errors import NotFound
 from store.records import (
+    DONE,
     TERMINAL,
     CommitResult,
     Conversation,
@@ -23,6 +24,7 @@ from store.records import (
     conversation_from_row,
     dumps,
     entry_from_row,
+    loads,
     now,
     schedule_from_row,
     task_from_row,
@@ -219,6 +221,28 @@ class Store:
         async with self._engines.read.connect() as conn:
             return [task_from_row(r, lenient=True) for r in (await conn.execute(query)).all()]
 
+    async def last_result(self, *, kind: str, conversation_id: int) -> Any:
+        """The result of the newest finished task of a kind in a conversation (only that
+        column is read: task inputs can be large)."""
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(
+                select(tasks.c.id, tasks.c.result)
+                .where(tasks.c.conversation_id == conversation_id, tasks.c.kind == kind,
+                       tasks.c.state == DONE)
+                .order_by(tasks.c.id.desc()).limit(1))).first()
+        return None if row is None else loads(row.result, table="tasks", row_id=row.id,
+                                                column="result")
+
+    async def task_outcome(self, task_id: str) -> tuple[str, Any, str | None]:
+        """(state, result, error) of a task, without reading its inputs."""
+        async with self._engines.read.connect() as conn:
+            row = (await conn.execute(select(tasks.c.state, tasks.c.result, tasks.c.error)
+                                      .where(tasks.c.id == task_id))).first()
+        if row is None:
+            raise NotFound(f"no task {task_id}")
+        return row.state, loads(row.result, table="tasks", row_id=task_id,
+                                column="result"), row.error
+
     async def count_tasks(self) -> dict[str, int]:
         async with self._engines.read.connect() as conn:
             rows = (await conn.execute(select(tasks.c.state, func.count())
@@ -301,3 +325,27 @@ class Store:
                 func.coalesce(func.sum(usage.c.cost_usd), 0.0)))).one()
         return {"calls": row[0], "input_tokens": row[1], "output_tokens": row[2],
                 "cost_usd": row[3]}
+
+    # -- search ------------------------------------------------------------------------
+
+    async def search(self, query: str, *, scopes: list[str] | None = None,
+                     conversation_key: str | None = None, limit: int = 10, offset: int = 0,
+                     context: int = 1, at: float | None = None) -> list:
+        """Full-history search (`store/search.py`): a page of ranked `Hit`s with `context`
+        neighbours each side, only from conversations whose scope is in `scopes` (None: no
+        restriction) and, if given, from the one conversation `conversation_key`. Recency
+        is measured from `at` (default: now, rounded up to the hour, so that consecutive
+        pages are ranked against the same clock)."""
+        from store import search as _search  # here: the one method that needs it
+
+        clock = at if at is not None else -(-now() // 3600) * 3600
+        async with self._engines.read.connect() as conn:
+            conversation_id = None
+            if conversation_key is not None:
+                conversation_id = (await conn.execute(select(conversations.c.id).where(
+                    conversations.c.key == conversation_key))).scalar()
+                if conversation_id is None:
+                    raise NotFound(f"no conversation {conversation_key!r}")
+            return await _search.search(conn, self.dialect, query, scopes=scopes,
+                                        conversation_id=conversation_id, limit=limit,
+                                        offset=offset, now=clock, context=context)

@@ -75,6 +75,7 @@ class TaskUpdate:
     wait_mode: str | None = None
     run_after: float = 0.0
     attempts: int | None = None  # None leaves the count as it is
+    wake_if_settled: list[str] = field(default_factory=list)  # pending: due now if any is
 
 
 @dataclass

@@ -113,17 +113,19 @@ async def test_follow_ups_wait_their_turn_and_keep_order(make_agent):
     seen = []
 
     last_roles = []
+    working = asyncio.Event()
 
     async def slow(request):
         seen.append([m.content for m in request.messages if m.role == "user"])
         last_roles.append([m.role for m in request.messages])
+        working.set()
         await asyncio.sleep(0.2)
         return Response(text=f"answer to {request.messages[-1].content}")
 
     agent = make_agent(ScriptedModel(slow))
     first = await agent.say("one")
     job = asyncio.create_task(agent.run())
-    await asyncio.sleep(0.05)  # the first turn is working
+    await asyncio.wait_for(working.wait(), 10)  # the first turn is working
     await agent.say("two")
     await job
     log = [(e.kind, e.text) for e in await agent.log()]
@@ -135,7 +137,10 @@ async def test_follow_ups_wait_their_turn_and_keep_order(make_agent):
 
 
 async def test_queued_follow_ups_are_answered_together(make_agent):
+    working = asyncio.Event()
+
     async def reply(request):
+        working.set()
         await asyncio.sleep(0.2)
         assert request.messages[-1].role == "user"
         users = [m.content for m in request.messages if m.role == "user"]
@@ -144,8 +149,7 @@ async def test_queued_follow_ups_are_answered_together(make_agent):
     agent = make_agent(ScriptedModel(reply))
     await agent.say("a")
     job = asyncio.create_task(agent.run())
-    await asyncio.sleep(0.05)
-    third = None
+    await asyncio.wait_for(working.wait(), 10)  # the first turn is working
     await agent.say("b")
     third = await agent.say("c")
     await job
@@ -245,3 +249,18 @@ async def test_a_follow_up_answered_together_is_not_shown_again_after_the_answer
     await store.commit(w)
     messages = to_messages(await store.entries_page(conv.id))
     assert [m.content for m in messages] == ["m0", "m1", "both answered", "m2"]
+
+
+async def test_messages_a_turn_took_in_come_before_its_tool_round(store):
+    conv = await store.ensure_conversation("cli:round")
+    w = Writes()
+    w.append(conv.id, "user", "m0", task_id="A")
+    w.append(conv.id, "user", "m1", task_id="B")  # arrived before A started: A took it in
+    w.append(conv.id, "assistant", "", task_id="A", data={
+        "answers_upto": 2, "tool_calls": [{"id": "t", "name": "todo", "arguments": {}}]})
+    w.append(conv.id, "tool_result", "ok", data={"tool_call_id": "t", "name": "todo"})
+    w.append(conv.id, "user", "m2", task_id="C")  # arrived during A's round: waits
+    await store.commit(w)
+    messages = to_messages(await store.entries_page(conv.id))
+    assert [(m.role, m.content) for m in messages] == [
+        ("user", "m0"), ("user", "m1"), ("assistant", ""), ("tool", "ok"), ("user", "m2")]

@@ -96,9 +96,9 @@ class ContextCache:
             if now - used_at > self.idle:
                 del self._windows[cid]
         cached = self._windows.pop(conversation.id, None)
-        if cached and cached[1] == conversation.head_seq and cached[2] == budget_chars:
+        if cached and cached[1] == conversation.head_seq:
             window = cached[3]
-            if conversation.last_seq > window.last_seq:
+            if conversation.last_seq > window.last_seq or window.chars > budget_chars:
                 window = await _extend(store, conversation, window, budget_chars)
         else:
             window = await read_window(store, conversation, budget_chars)
@@ -132,10 +132,18 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
 def answer_order(entries: list[Entry]) -> list[Entry]:
     """Entries in the order the conversation happened for the model: a follow-up that
     arrived while an earlier turn was working comes after that turn's answer, not in the
-    middle of it (otherwise the model would see its own answer as the last word)."""
+    middle of it (otherwise the model would see its own answer as the last word). Every
+    assistant entry of a turn says which messages the turn took in (`answers_upto`); held
+    messages up to there belong before it."""
     ordered: list[Entry] = []
     held: list[Entry] = []
     working = None  # the turn whose user message was shown and whose answer was not
+
+    def release(upto: int) -> None:
+        nonlocal held
+        ordered.extend(h for h in held if h.seq <= upto)
+        held = [h for h in held if h.seq > upto]
+
     for e in entries:
         if e.kind == "user":
             if working is not None and e.task_id is not None and e.task_id != working:
@@ -143,17 +151,13 @@ def answer_order(entries: list[Entry]) -> list[Entry]:
                 continue
             working = e.task_id
         data = e.data or {}
+        if e.kind == "assistant" and e.task_id == working and "answers_upto" in data:
+            release(data["answers_upto"])
+        ordered.append(e)
         if e.kind == "assistant" and data.get("final") and e.task_id == working:
-            # Messages the turn saw when it started were part of what it answered.
-            upto = data.get("answers_upto", 0)
-            ordered.extend(h for h in held if h.seq <= upto)
-            ordered.append(e)
-            held = [h for h in held if h.seq > upto]
             ordered.extend(held)
             working = held[0].task_id if held else None
             held = []
-            continue
-        ordered.append(e)
     return ordered + held
 
 
@@ -199,12 +203,11 @@ class Assembled:
 async def tokens_per_char(store: Store, conversation_id: int) -> float:
     """From the provider's last reported usage in this conversation: its input tokens over
     the characters of the request that produced them."""
-    last = await store.list_tasks(kind="llm_call", conversation_id=conversation_id,
-                                  state="done", newest_first=True, limit=1)
-    if last and isinstance(last[0].result, dict) and last[0].result.get("request_chars"):
-        usage = (last[0].result.get("response") or {}).get("usage") or {}
+    result = await store.last_result(kind="llm_call", conversation_id=conversation_id)
+    if isinstance(result, dict) and result.get("request_chars"):
+        usage = (result.get("response") or {}).get("usage") or {}
         if usage.get("input_tokens"):
-            return usage["input_tokens"] / last[0].result["request_chars"]
+            return usage["input_tokens"] / result["request_chars"]
     return 1 / CHARS_PER_TOKEN
 
 

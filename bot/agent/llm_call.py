@@ -42,7 +42,7 @@ class LLMCall(Effect):
         request = Request.model_validate(ctx.inputs["request"])
         quiet = ctx.inputs.get("quiet", False)
         streamed = ""
-        last_commit = 0.0
+        last_commit = time.monotonic()  # a reply faster than one window commits no partial
 
         async def on_text(delta: str) -> None:
             nonlocal streamed, last_commit

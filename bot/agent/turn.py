@@ -21,7 +21,8 @@ from bot.memory.facts import facts_for
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
 from store import DONE, INTERRUPTED, Task
 
-WAIT_FOR_OLDER_TURN = 5.0  # seconds; an older turn wakes this one as soon as it ends
+# Seconds a queued turn sleeps at most: the older turn wakes it as soon as it ends.
+WAIT_FOR_OLDER_TURN = 60.0
 
 INTERRUPTED_NOTE = ("error: this tool call was interrupted (Steward stopped while it ran) and "
                     "was not repeated, because it may already have taken effect.")
@@ -45,7 +46,7 @@ class Turn(TaskDef):
         older = await self.store.list_tasks(kind=TURN, conversation_id=conv_id, active=True,
                                             before_id=ctx.task.id, limit=1)
         if older:  # follow-ups keep their order: one turn at a time per conversation
-            return Sleep(WAIT_FOR_OLDER_TURN, "", None)
+            return Sleep(WAIT_FOR_OLDER_TURN, "", None, until_settled=(older[0].id,))
         mine = await self.store.entry_of_task(conv_id, ctx.task.id)
         if mine is not None:
             later = await self.store.entries_page(conv_id, after=mine.seq, limit=200)
@@ -53,7 +54,9 @@ class Turn(TaskDef):
                 if e.kind == "assistant" and (e.data or {}).get("answers_upto", 0) >= mine.seq:
                     return await self._finish(ctx, {"covered_by": e.seq})
         upto = (await self.store.get_conversation_by_id(conv_id)).last_seq
-        return Continue("llm", {"upto": upto, "round": 0})
+        # Straight on to the first LLM call: one commit instead of two.
+        ctx.checkpoint = {"upto": upto, "round": 0}
+        return await self._phase_llm(ctx)
 
     async def _phase_llm(self, ctx: TaskContext):
         cp = ctx.checkpoint
@@ -81,22 +84,22 @@ class Turn(TaskDef):
     async def _phase_after_llm(self, ctx: TaskContext):
         cp = ctx.checkpoint
         conv_id = ctx.task.conversation_id
-        call = await self.store.get_task(cp["llm_task"])
-        result = call.result or {}
+        state, result, error = await self.store.task_outcome(cp["llm_task"])
+        result = result or {}
         if result.get("error_type") == "ContextOverflow" and not cp.get("overflow_retried"):
             # The provider says it does not fit after all: compact, then try once more.
             ctx.spawn(COMPACT, {"reason": "context overflow"})
             return Wait("llm", {**cp, "overflow_retried": True, "compacted": True})
-        if call.state != DONE or "error" in result:
-            problem = result.get("error") or call.error or call.state
+        if state != DONE or "error" in result:
+            problem = result.get("error") or error or state
             text = f"Sorry, I could not get an answer from the model: {problem}"
             return self._answer(ctx, text, error=True)
         response = Response.model_validate(result["response"])
         if not response.tool_calls:
             return self._answer(ctx, response.text)
         calls = [c.model_dump(mode="json") for c in response.tool_calls]
-        ctx.writes.append(conv_id, "assistant", response.text, data={"tool_calls": calls},
-                          task_id=ctx.task.id)
+        ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
+                          data={"tool_calls": calls, "answers_upto": cp["upto"]})
         tool_tasks = [ctx.spawn("tool_call", {"call": c}) for c in calls]
         return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
 

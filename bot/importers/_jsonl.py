@@ -42,8 +42,8 @@ def parse_ts(value) -> float:
     if isinstance(value, bool):
         raise Invalid("ts must be ISO-8601 or unix seconds")
     if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise Invalid("ts is not a finite number")
+        if abs(value) > 1e11 or not math.isfinite(value):
+            raise Invalid("ts is not a plausible unix time")
         return float(value)
     if not isinstance(value, str) or not value.strip():
         raise Invalid("missing ts")
@@ -127,3 +127,5 @@ class JsonlReader:
                     yield Problem(where, str(exc))
                 except (ValueError, RecursionError) as exc:  # bad JSON or bad UTF-8
                     yield Problem(where, f"not JSON: {str(exc)[:200]}")
+                except Exception as exc:  # an odd value stops only this line
+                    yield Problem(where, f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -27,6 +27,12 @@ class Item:
     owner: str | None = None
     scope: str | None = None  # None: the store's default (private to the owner)
     data: dict[str, Any] | None = None
+    # (channel, external id) under which the live connector records this very message:
+    # if it took the message in already, the import skips it.
+    live_ids: tuple[tuple[str, str], ...] = ()
+    # Where the message goes instead when the conversation at `key` belongs to someone
+    # else than `owner` (mail: one thread per person, as the email connector does).
+    foreign_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +58,17 @@ def clean(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def clean_value(value: Any) -> Any:
+    """`clean` applied to every string of a JSON-like value."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {clean(str(k)): clean_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_value(v) for v in value]
+    return value
 
 
 def fit(text: str | None, limit: int) -> str | None:

@@ -114,10 +114,10 @@ class Compact(TaskDef):
                                           "quiet": True})
             return Wait("summarized", {"cut": upto, "after": after, "call": call})
         cp = ctx.checkpoint
-        call = await store.get_task(cp["call"])
-        result = call.result or {}
-        if call.state != DONE or "response" not in result:
-            return Fail(f"the summary failed: {result.get('error') or call.error}")
+        state, result, error = await store.task_outcome(cp["call"])
+        result = result or {}
+        if state != DONE or "response" not in result:
+            return Fail(f"the summary failed: {result.get('error') or error}")
         summary = result["response"]["text"].strip()
         if not summary:
             return Fail("the model returned an empty summary")

@@ -61,12 +61,17 @@ class Effect(TaskDef):
         return type(self).reconcile is not Effect.reconcile
 
     async def step(self, ctx: TaskContext) -> Outcome:
+        policy = self.policy_for(ctx)
         if ctx.phase != "effect":
+            if policy is Policy.SAFE:
+                # Repeating it is harmless, so it needs no intent commit of its own.
+                kill_point("after-intent", self.kind)
+                ctx.phase, ctx.checkpoint = "effect", {"claim": ctx.claim}
+                return await self._perform(ctx, policy)
             # The intent: from here on, the effect may have happened.
             return Continue("effect", {"claim": ctx.claim})
         checkpoint = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
         started_here = checkpoint.get("claim") == ctx.claim
-        policy = self.policy_for(ctx)
         if not started_here and policy is Policy.UNSAFE:
             if not self.can_reconcile(ctx):
                 return Interrupted({"interrupted": True, "partial": checkpoint.get("partial")})
@@ -77,6 +82,9 @@ class Effect(TaskDef):
             # Safe and keyed effects run again (keyed ones with the same key); a reconciled
             # unsafe one that did not happen runs for the first time. Mark this claim.
             await ctx.save_checkpoint({**checkpoint, "claim": ctx.claim})
+        return await self._perform(ctx, policy)
+
+    async def _perform(self, ctx: TaskContext, policy: Policy) -> Outcome:
         try:
             result = await self.perform(ctx)
         except NotPerformed:

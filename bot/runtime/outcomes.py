@@ -28,12 +28,15 @@ class Wait:
 
 @dataclass(frozen=True)
 class Sleep:
-    """Commit this checkpoint and run again after `seconds` (or sooner, if another task's
-    commit wakes it with `Writes.wake`)."""
+    """Commit this checkpoint and run again after `seconds`, or sooner: when another task's
+    commit wakes it (`Writes.wake`), or at once if one of `until_settled` has already
+    settled by the time this commits (checked in the same transaction, so a wake sent
+    while this phase was still running is not lost)."""
 
     seconds: float
     phase: str
     checkpoint: Any = None
+    until_settled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

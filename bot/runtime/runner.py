@@ -94,7 +94,7 @@ class Runner:
                 if until_idle and not claimed and not self._inflight:
                     if not await self._anything_due_soon():
                         break
-                await self._sleep()
+                await self._sleep(busy=bool(claimed))
         finally:
             if self._inflight:
                 await asyncio.gather(*self._inflight.values(), return_exceptions=True)
@@ -136,11 +136,12 @@ class Runner:
         due = await self.store.next_due()
         return due is not None and due - time.time() <= self.options.poll_seconds * 5
 
-    async def _sleep(self) -> None:
+    async def _sleep(self, *, busy: bool) -> None:
         timeout = self.options.poll_seconds
-        # With every slot busy only a finished task can let more work in: wait for that
-        # (or a poll) instead of asking the database when the next task is due.
-        if len(self._inflight) < self.options.concurrency:
+        # Work was just claimed, or every slot is busy: what comes next is announced by a
+        # finished task or a local commit (`wake`), so wait for that (or a poll) instead
+        # of asking the database when the next task is due.
+        if not busy and len(self._inflight) < self.options.concurrency:
             due = await self.store.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - time.time()))
@@ -233,9 +234,10 @@ class Runner:
             case Wait(phase, checkpoint, mode):
                 return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
                                     wait_mode=mode)
-            case Sleep(seconds, phase, checkpoint):
+            case Sleep(seconds, phase, checkpoint, until_settled):
                 return self._update(ctx, PENDING, phase=phase, checkpoint=checkpoint,
-                                    run_after=time.time() + seconds)
+                                    run_after=time.time() + seconds,
+                                    wake_if_settled=list(until_settled))
             case Done(result):
                 return self._update(ctx, DONE, result=result)
             case Fail(error, result):

@@ -68,7 +68,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_tasks_state_run_after", "tasks", ["state", "run_after"])
     op.create_index("ix_tasks_parent", "tasks", ["parent_id"])
-    op.create_index("ix_tasks_conversation_kind", "tasks", ["conversation_id", "kind"])
+    op.create_index("ix_tasks_conversation_kind", "tasks", ["conversation_id", "kind", "id"])
     op.create_index("ix_entries_task", "entries", ["task_id"])
     op.create_table(
         "submissions",

@@ -1,0 +1,34 @@
+"""Which external ids a channel has already seen, many at a time.
+
+STOPGAP: the store has only `submission_state(channel, external_id)` (one id per query).
+Until `Store.known_submissions(channel, external_ids) -> set[str]` exists, this runs the
+same read-only query through the store's read engine (a private attribute). The store
+method is used as soon as it is there; then the fallback below should be deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+
+from store import Store
+from store.schema import submissions
+
+# Well under SQLite's bound-parameter limit and cheap for PostgreSQL.
+QUERY_IDS = 500
+
+
+async def known_submissions(store: Store, channel: str, external_ids: Sequence[str]) -> set[str]:
+    method = getattr(store, "known_submissions", None)
+    if method is not None:
+        return set(await method(channel, list(external_ids)))
+    found: set[str] = set()
+    engine = store._engines.read  # STOPGAP: see the module docstring
+    async with engine.connect() as conn:
+        for i in range(0, len(external_ids), QUERY_IDS):
+            part = list(external_ids[i:i + QUERY_IDS])
+            rows = await conn.execute(select(submissions.c.external_id).where(
+                submissions.c.channel == channel, submissions.c.external_id.in_(part)))
+            found.update(r[0] for r in rows)
+    return found
