@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 def runner_options(config: Config) -> RunnerOptions:
     r = config.runtime
     return RunnerOptions(concurrency=r.concurrency, lease_seconds=r.lease_seconds,
-                         max_attempts=r.max_attempts, retry_base_seconds=r.retry_base_seconds,
+                         max_attempts=r.max_attempts, outage_attempts=r.outage_attempts,
+                         retry_base_seconds=r.retry_base_seconds,
                          retry_max_seconds=r.retry_max_seconds, poll_seconds=0.5)
 
 

@@ -190,6 +190,7 @@ class RuntimeConfig(_Section):
     concurrency: int = Field(8, ge=1)
     lease_seconds: float = Field(15.0, gt=0)
     max_attempts: int = Field(5, ge=1)
+    outage_attempts: int = Field(60, ge=1)  # tries while a channel's service is down
     drain_seconds: float = Field(20.0, ge=0)
     retry_base_seconds: float = Field(1.0, gt=0)
     retry_max_seconds: float = Field(300.0, gt=0)

@@ -21,8 +21,8 @@ from store import BLOCKED, DONE, FAILED, PENDING, RUNNING, WAITING, Writes, open
 from store.records import now
 from store.schema import tasks
 
-FAST = RunnerOptions(concurrency=4, lease_seconds=5, max_attempts=3, retry_base_seconds=0.01,
-                     retry_max_seconds=0.02, poll_seconds=0.02)
+FAST = RunnerOptions(concurrency=4, lease_seconds=5, max_attempts=3, outage_attempts=6,
+                     retry_base_seconds=0.01, retry_max_seconds=0.02, poll_seconds=0.02)
 
 
 class Echo(Effect):
@@ -300,3 +300,13 @@ async def test_a_phase_whose_writes_the_store_refuses_is_a_failed_attempt(store)
     assert "missing" in task.error
     assert BadEdit.calls == 3
     assert await store.entries_page(conv.id) == []  # nothing of the refused phase landed
+
+
+async def test_an_effect_whose_service_stays_down_is_dead_lettered_after_the_outage_limit(
+        store):
+    flaky = Flaky(fails=10**6)
+    task_id = await spawn(store, "flaky", {})
+    await run_all(store, flaky)
+    task = await store.get_task(task_id)
+    assert task.state == FAILED and "dead-lettered after 6 attempts" in task.error
+    assert flaky.calls == 6  # outage_attempts, not max_attempts, and not forever

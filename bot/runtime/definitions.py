@@ -25,8 +25,8 @@ class Policy(enum.StrEnum):
 
 
 class NotPerformed(Exception):
-    """Raised by an effect that knows the outside world saw nothing: safe to retry even
-    when the effect is unsafe."""
+    """Raised by an effect that knows the outside world saw nothing (its service is down,
+    say): retried with backoff for up to `outage_attempts` tries, even when unsafe."""
 
 
 class TaskDef(ABC):
@@ -72,7 +72,9 @@ class Effect(TaskDef):
             return Continue("effect", {"claim": ctx.claim})
         checkpoint = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
         started_here = checkpoint.get("claim") == ctx.claim
-        if not started_here and policy is Policy.UNSAFE:
+        if not started_here and checkpoint.get("not_performed"):
+            checkpoint = {}  # the last try said nothing happened: simply try again
+        elif not started_here and policy is Policy.UNSAFE:
             if not self.can_reconcile(ctx):
                 return Interrupted({"interrupted": True, "partial": checkpoint.get("partial")})
             happened, result = await self.reconcile(ctx)

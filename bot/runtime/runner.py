@@ -43,6 +43,9 @@ class RunnerOptions:
     concurrency: int = 8
     lease_seconds: float = 15.0
     max_attempts: int = 5
+    # Tries of an effect that keeps reporting `NotPerformed` (its service is down): with the
+    # backoff capped at retry_max_seconds, the default rides out outages of several hours.
+    outage_attempts: int = 60
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 300.0
     poll_seconds: float = 1.0
@@ -187,7 +190,9 @@ class Runner:
             await self._commit(ctx, self._update(
                 ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
             return
-        if task.attempts > self.options.max_attempts:
+        outage = (task.error or "").startswith(NotPerformed.__name__)
+        limit = self.options.outage_attempts if outage else self.options.max_attempts
+        if task.attempts > limit:
             await self._commit(ctx, self._update(
                 ctx, FAILED, error=f"dead-lettered after {task.attempts - 1} attempts; "
                 f"last error: {task.error or 'the process died during the phase'}"))
@@ -253,15 +258,18 @@ class Runner:
         error = f"{type(exc).__name__}: {exc}"
         log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
                     error, exc_info=not isinstance(exc, NotPerformed))
-        phase = "" if isinstance(exc, NotPerformed) else ctx.phase
+        checkpoint, limit = ctx.checkpoint, self.options.max_attempts
+        if isinstance(exc, NotPerformed):  # certainly nothing happened: no reconciling later
+            checkpoint = {**(checkpoint or {}), "not_performed": True}
+            limit = self.options.outage_attempts
         ctx.writes = Writes()  # the failed phase's writes are dropped
-        if attempt >= self.options.max_attempts:
+        if attempt >= limit:
             await self._commit(ctx, self._update(
-                ctx, FAILED, phase=phase,
+                ctx, FAILED, checkpoint=checkpoint,
                 error=f"dead-lettered after {attempt} attempts; last error: {error}"))
             return
         delay = min(self.options.retry_max_seconds,
                     self.options.retry_base_seconds * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
-        await self._commit(ctx, self._update(ctx, PENDING, phase=phase, error=error,
+        await self._commit(ctx, self._update(ctx, PENDING, checkpoint=checkpoint, error=error,
                                              run_after=time.time() + delay, attempts=attempt))
