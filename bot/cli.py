@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     tasks = listing("tasks", "tasks by state")
     tasks.add_argument("--state", choices=STATES)
     listing("sessions", "conversations, newest first")
+    quarantine = listing("quarantine", "inbound messages that could not be processed")
+    quarantine.add_argument("--channel", help="e.g. email or slack")
     schedules = listing("schedules", "reminders and recurring jobs")
     schedules.add_argument("--all", action="store_true", help="also finished and cancelled")
     log = listing("log", "a page of a transcript")
@@ -113,6 +115,16 @@ async def _schedules(config: Config, args) -> int:
              "session": keys.get(s.conversation_id), "deliver": s.deliver.get("channel"),
              "prompt": s.prompt} for s in found]
     _emit(rows, args.json, ["id", "state", "next", "name", "session"])
+    return 0
+
+
+async def _quarantine(config: Config, args) -> int:
+    async with app.opened_store(config) as store:
+        found = await store.list_submissions(state="quarantined", channel=args.channel,
+                                             limit=args.limit)
+    rows = [{"channel": q["channel"], "external_id": q["external_id"], "reason": q["reason"],
+             "ts": _ts(q["created_at"])} for q in found]
+    _emit(rows, args.json, ["ts", "channel", "external_id", "reason"])
     return 0
 
 
@@ -233,6 +245,7 @@ COMMANDS = {
     "compact": _compact,
     "search": search_command,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
+    "quarantine": _quarantine,
     "fork": _fork, "doc": _doc,
 }
 

@@ -317,6 +317,18 @@ class Store:
             ).first()
         return None if row is None else dict(row._mapping)
 
+    async def list_submissions(self, *, state: str | None = None, channel: str | None = None,
+                               limit: int = 100) -> list[dict[str, Any]]:
+        """Inbound submissions, newest first (e.g. state "quarantined": what could not be
+        processed, with the reason)."""
+        query = select(submissions).order_by(submissions.c.id.desc()).limit(limit)
+        if state is not None:
+            query = query.where(submissions.c.state == state)
+        if channel is not None:
+            query = query.where(submissions.c.channel == channel)
+        async with self._engines.read.connect() as conn:
+            return [dict(r._mapping) for r in (await conn.execute(query)).all()]
+
     async def usage_totals(self) -> dict[str, Any]:
         async with self._engines.read.connect() as conn:
             row = (await conn.execute(select(

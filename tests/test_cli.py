@@ -181,3 +181,16 @@ async def test_compact_on_demand(home):
     assert "Summary of the earlier conversation" in request["messages"][0]["content"]
     spoken = [m["content"] for m in request["messages"][1:]]
     assert spoken[-1] == "answer 19" and not any(c.startswith("question 0 ") for c in spoken)
+
+
+async def test_quarantined_inbound_is_listed_with_its_reason(home):
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    w = Writes()
+    w.quarantine("email", "imap:7:42", "malformed MIME: no boundary")
+    await store.commit(w)
+    await store.close()
+    code, out, err = await steward(home, "quarantine", "--json")
+    assert code == 0, err
+    [row] = [json.loads(line) for line in out.splitlines()]
+    assert (row["channel"], row["external_id"], row["reason"]) == (
+        "email", "imap:7:42", "malformed MIME: no boundary")
