@@ -142,10 +142,12 @@ async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, 
 async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     conv = await store.ensure_conversation("cli:tool")
 
+    origin = {"channel": "slack", "reply_to": {"channel": "D1", "user": "U1", "team": "T"}}
+
     async def call(**arguments):
         ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
                           http=deps.http, timezone=TZ,
-                          origin={"channel": "slack", "reply_to": {"channel": "D1"}})
+                          origin=origin)
         result = await schedule_tool.run(ctx, arguments)
         await store.commit(ctx.writes)
         return result.content
@@ -165,6 +167,19 @@ async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     assert (await call(action="create", name="x", prompt="y", at="2020-01-01T09:00")
             ).startswith("error: that time has already passed")
     assert "exactly one" in await call(action="create", name="x", prompt="y")
+
+    await call(action="create", name="digest", prompt="Mail me my open to-dos.",
+               cron="0 7 * * mon", deliver_to="email", email="ana@example.org")
+    await call(action="create", name="ping", prompt="Say hi.", cron="0 7 * * *",
+               deliver_to="slack_dm")
+    by_name = {s.name: s for s in await store.list_schedules()}
+    assert by_name["digest"].deliver == {"channel": "email", "reply_to": {
+        "to": "ana@example.org", "subject": "digest"}}
+    assert by_name["digest"].conversation_id is None  # its own conversation
+    assert by_name["ping"].deliver["reply_to"]["channel"] == "U1"  # the user's DM
+    origin["channel"] = "cli"
+    assert "slack_dm works from a Slack conversation" in (await call(
+        action="create", name="p", prompt="q", cron="0 7 * * *", deliver_to="slack_dm"))
 
 
 async def test_the_agent_schedules_through_its_tool(store, deps, tmp_path):

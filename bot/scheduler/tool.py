@@ -55,6 +55,11 @@ async def schedule(
     timezone: Annotated[str | None, Field(description="IANA zone; default: the user's")] \
         = None,
     schedule_id: Annotated[str | None, Field(description="for change and cancel")] = None,
+    deliver_to: Annotated[Literal["here", "email", "slack_dm"], Field(
+        description="where the result goes: this conversation (default), an email, or "
+                    "the user's Slack direct messages")] = "here",
+    email: Annotated[str | None, Field(description="address for deliver_to=email "
+                                                   "(default: the user's own)")] = None,
 ) -> str:
     """Create, list, change or cancel reminders and recurring jobs. Turn the user's words
     into exactly one of `at` (once), `every_minutes` or `cron` in their timezone (ask the
@@ -68,8 +73,11 @@ async def schedule(
     if action == "create":
         if not name or not prompt:
             return "error: create needs `name` and `prompt`"
+        target = await _target(ctx, deliver_to, email, name)
+        if isinstance(target, str):
+            return target
         return _save(ctx, new_id(), name, prompt, _spec(at, every_minutes, cron),
-                     timezone or ctx.timezone)
+                     timezone or ctx.timezone, deliver=target)
     if not schedule_id:
         return f"error: {action} needs `schedule_id` (use action 'list' to find it)"
     try:
@@ -88,6 +96,29 @@ async def schedule(
                  timezone or current.timezone, deliver=current.deliver)
 
 
+async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
+                  name: str) -> dict | str:
+    """Where a schedule's answers go: {"channel", "reply_to", "here"}, or an error."""
+    origin = {"channel": ctx.origin.get("channel") or "cli",
+              "reply_to": ctx.origin.get("reply_to") or {}, "here": True}
+    if deliver_to == "here":
+        return origin
+    if deliver_to == "email":
+        owner = None
+        if ctx.conversation_id is not None and origin["channel"] == "email":
+            owner = (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
+        address = email or owner
+        if not address or "@" not in address:
+            return "error: deliver_to=email needs an `email` address"
+        return {"channel": "email", "reply_to": {"to": address, "subject": name}}
+    where = origin["reply_to"]
+    if origin["channel"] != "slack" or not where.get("user"):
+        return "error: deliver_to=slack_dm works from a Slack conversation only"
+    # Posting to a user id lands in the bot's direct messages with that user.
+    return {"channel": "slack", "reply_to": {"team": where.get("team"),
+                                             "channel": where["user"], "user": where["user"]}}
+
+
 def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,
           timezone: str, *, deliver: dict | None = None) -> str:
     try:
@@ -100,8 +131,10 @@ def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict
     if first is None or first < now:
         return "error: that time has already passed"
     deliver = deliver or {"channel": ctx.origin.get("channel") or "cli",
-                          "reply_to": ctx.origin.get("reply_to") or {}}
+                          "reply_to": ctx.origin.get("reply_to") or {}, "here": True}
+    # Answers delivered elsewhere run in a conversation of their own.
+    conversation_id = ctx.conversation_id if deliver.get("here") else None
     ctx.writes.save_schedule(ScheduleWrite(schedule_id, name, prompt, spec, timezone, deliver,
-                                           first.timestamp(), ctx.conversation_id))
+                                           first.timestamp(), conversation_id))
     return f"Scheduled {name!r} ({schedule_id}); first at " \
            f"{first.strftime('%a %d %b %Y %H:%M %Z')}."
