@@ -1,16 +1,16 @@
-"""Agent harness benchmark: what one agent turn costs around a zero-latency model, on
+"""Agent harness benchmark: the cost of one agent turn around a zero-latency model, on
 SQLite and PostgreSQL, so later changes to the runtime, the agent or the store compare.
 
-The agent is wired as `bot.app` wires it (toolbox, registry, runner options, terminal
-channel), with a `ScriptedModel` that calls the `bench_echo` tool once, then answers in
-~200 characters: each turn is a turn task, two llm_call tasks, a tool_call and a delivery.
+The agent is wired as `bot.app` wires it, with a `ScriptedModel` that calls the
+`bench_echo` tool once, then answers in ~200 characters: a turn task, two llm_calls, a
+tool_call and a delivery per turn.
 
-A. sequential: one message at a time into one conversation, submit -> turn done (and
-   -> answer shown); per task kind, created_at -> updated_at of the finished task;
+A. sequential: one message at a time into one conversation: submit -> turn done (and ->
+   answer shown); per task kind, created_at -> updated_at of the finished task;
 B. throughput: all messages at once across 20 conversations.
 
-Per turn, both count `Store.commit` calls, task claims, `next_due` polls and SQL
-statements; each backend reports the peak RSS of the process while it ran.
+Per turn: `Store.commit` calls, task claims, `next_due` polls, SQL statements; and the
+peak RSS of the process while each backend ran.
 
 usage: .venv/bin/python bench/agent.py [--backend sqlite|postgres|both] [--turns 300]
            [--json]
@@ -25,18 +25,18 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import httpx
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 
 # Run as a script, this file's directory comes first on sys.path and its name shadows the
 # `store` package: put the project root there instead.
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.store import fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
+from bench.store import _proc_status, fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
 from bot.agent.deps import AgentDeps  # noqa: E402
 from bot.agent.inbox import submit_message  # noqa: E402
 from bot.app import build_registry, build_toolbox, runner_options  # noqa: E402
@@ -48,9 +48,11 @@ from bot.tools import tool  # noqa: E402
 from connectors.terminal import TerminalChannel  # noqa: E402
 from store import DONE, TERMINAL, Store, new_id  # noqa: E402
 from store.engine import create_engines, migrate  # noqa: E402
+from store.schema import tasks  # noqa: E402
 
 CONVERSATIONS = 20
-KINDS = {"turn": 1, "llm_call": 2, "tool_call": 1, "deliver": 1}  # tasks per turn
+TURN_TIMEOUT = 60.0  # seconds; a turn stuck longer fails the run
+KINDS = ("turn", "llm_call", "tool_call", "deliver")  # the tasks of one scripted turn
 COUNTED = ("commits", "claims", "next_due polls", "SQL statements")
 ANSWER = ("Done: the echo tool answered, so here is a final reply of about two hundred "
           "characters, long enough to stream in several chunks and to be stored, delivered "
@@ -64,12 +66,15 @@ async def bench_echo(text: str) -> str:
 
 
 def script(request: Request) -> Response:
-    """Call bench_echo on the user's message; answer once its result is in."""
-    last = request.messages[-1]
-    if last.role == "tool":
+    """Call bench_echo once per turn: answer when the last assistant message in the context
+    is this turn's tool call (a follow-up may be placed after its result), or when no tool
+    is offered any more."""
+    said = [m for m in request.messages if m.role == "assistant"]
+    if not request.tools or (said and said[-1].tool_calls):
         return Response(text=ANSWER)
+    last_user = next(m.content for m in reversed(request.messages) if m.role == "user")
     return Response(tool_calls=[ToolCall(id=f"echo_{new_id()}", name="bench_echo",
-                                         arguments={"text": last.content})])
+                                         arguments={"text": last_user})])
 
 
 class CountingStore(Store):
@@ -87,18 +92,14 @@ class CountingStore(Store):
         self.counts["SQL statements"] += 1
 
     def settled(self, task_id: str) -> asyncio.Future:
-        if task_id not in self._settled:
-            self._settled[task_id] = asyncio.get_running_loop().create_future()
-        return self._settled[task_id]
+        """Resolves to the perf_counter time the task's terminal commit returned."""
+        return self._settled.setdefault(task_id, asyncio.get_running_loop().create_future())
 
     async def commit(self, writes):
         self.counts["commits"] += 1
         result = await super().commit(writes)
-        update = writes.task_update
-        if update is not None and update.state in TERMINAL:
-            future = self.settled(update.task_id)
-            if not future.done():
-                future.set_result(time.perf_counter())
+        if writes.task_update and writes.task_update.state in TERMINAL:
+            self.settled(writes.task_update.task_id).set_result(time.perf_counter())
         return result
 
     async def claim_tasks(self, owner, limit, lease_seconds):
@@ -115,26 +116,24 @@ async def serving_agent(url: str, home: Path):
     """The agent of `bot.app.open_app`, with the scripted model and a counting store, its
     runner serving in the background until the block ends."""
     config = build_config({"store": {"url": url}}, home=home)
-    engines = create_engines(config.store_url)
-    await migrate(engines)
-    store = CountingStore(engines)
-    try:
-        async with httpx.AsyncClient() as http:
-            deps = AgentDeps(store=store, config=config, client=ScriptedModel(script, delay=0),
-                             toolbox=await build_toolbox(config), http=http)
-            deps.toolbox.register(bench_echo)
-            deps.channels["cli"] = TerminalChannel(deps.events)
-            runner = Runner(store, build_registry(deps), runner_options(config))
-            deps.wake = runner.wake
-            await runner.recover(steal_all=True)
-            serving = asyncio.create_task(runner.run())
-            try:
-                yield deps, runner
-            finally:
-                await runner.drain(config.runtime.drain_seconds)
-                await serving
-    finally:
-        await store.close()
+    async with AsyncExitStack() as stack:
+        store = CountingStore(create_engines(config.store_url))
+        stack.push_async_callback(store.close)
+        await migrate(store._engines)
+        http = await stack.enter_async_context(httpx.AsyncClient())
+        deps = AgentDeps(store=store, config=config, client=ScriptedModel(script, delay=0),
+                         toolbox=await build_toolbox(config), http=http)
+        deps.toolbox.register(bench_echo)
+        deps.channels["cli"] = TerminalChannel(deps.events)
+        runner = Runner(store, build_registry(deps), runner_options(config))
+        deps.wake = runner.wake
+        await runner.recover(steal_all=True)
+        serving = asyncio.create_task(runner.run())
+        try:
+            yield deps, runner
+        finally:
+            await runner.drain(config.runtime.drain_seconds)
+            await serving
 
 
 async def submit(deps: AgentDeps, runner: Runner, conversation_key: str, i: int) -> str:
@@ -145,11 +144,19 @@ async def submit(deps: AgentDeps, runner: Runner, conversation_key: str, i: int)
     return accepted.turn_id
 
 
-def check_done(tasks: list, n: int) -> None:
-    kinds = Counter(t.kind for t in tasks if t.state == DONE)
-    expected = {kind: per_turn * n for kind, per_turn in KINDS.items()}
-    if len(tasks) != sum(expected.values()) or kinds != expected:
-        raise RuntimeError(f"turns did not all finish as scripted: {kinds} != {expected}")
+async def finished_tasks(store: Store, **where) -> list:
+    """Kind, times and input size of the tasks matching `where` (not their inputs, which
+    hold whole requests), checked to have all ended `done`."""
+    query = select(tasks.c.kind, tasks.c.state, tasks.c.created_at, tasks.c.updated_at,
+                   func.length(tasks.c.inputs).label("size")).order_by(tasks.c.id)
+    for column, value in where.items():
+        query = query.where(tasks.c[column] == value)
+    async with store._engines.read.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    states = Counter(r.state for r in rows)
+    if set(states) - {DONE}:
+        raise RuntimeError(f"tasks did not all finish: {dict(states)}")
+    return rows
 
 
 def per_turn(store: CountingStore, before: Counter, n: int, label: str) -> dict:
@@ -166,58 +173,56 @@ async def bench_sequential(deps: AgentDeps, runner: Runner, n: int) -> dict:
         for i in range(n):
             start = time.perf_counter()
             turn_ids.append(await submit(deps, runner, "bench:sequential", i))
-            while (await events.get()).kind != "final":
-                pass
-            shown.append(time.perf_counter() - start)
-            done.append(await store.settled(turn_ids[-1]) - start)
+            async with asyncio.timeout(TURN_TIMEOUT):
+                while (await events.get()).kind != "final":
+                    pass
+                shown.append(time.perf_counter() - start)
+                done.append(await store.settled(turn_ids[-1]) - start)
             deps.client.requests.clear()  # the scripted model keeps every request
     finally:
         deps.events.unsubscribe(events)
     wall = time.perf_counter() - t0
-    turn = await store.get_task(turn_ids[0])
-    tasks = await store.list_tasks(conversation_id=turn.conversation_id, limit=10 * n)
-    check_done(tasks, n)
+    conversation_id = (await store.get_task(turn_ids[0])).conversation_id
+    rows = await finished_tasks(store, conversation_id=conversation_id)
+    kinds = list(KINDS) + sorted({r.kind for r in rows} - set(KINDS))
+    llm = [r for r in rows if r.kind == "llm_call"]
     tenth = max(n // 10, 1)
     out = {"A sequential turns/s": n / wall,
            "A submit->done p50/p99 (ms)": p50_p99(done),
            "A submit->answer shown p50/p99 (ms)": p50_p99(shown),
            "A submit->done median, first/last 10% (ms)": [
-               statistics.median(done[:tenth]) * 1000, statistics.median(done[-tenth:]) * 1000]}
-    for kind in KINDS:
+               statistics.median(done[:tenth]) * 1000, statistics.median(done[-tenth:]) * 1000],
+           f"A tasks/turn ({'/'.join(kinds)})": [
+               sum(r.kind == kind for r in rows) / n for kind in kinds],
+           "A llm_call request size, first/last (KB)": [llm[0].size / 1024,
+                                                        llm[-1].size / 1024]}
+    for kind in kinds:
         out[f"A {kind} created->done p50/p99 (ms)"] = p50_p99(
-            [t.updated_at - t.created_at for t in tasks if t.kind == kind])
+            [r.updated_at - r.created_at for r in rows if r.kind == kind])
     return out | per_turn(store, before, n, "A")
 
 
 async def bench_throughput(deps: AgentDeps, runner: Runner, n: int) -> dict:
     store: CountingStore = deps.store
-    before = Counter(store.counts)
+    before, tasks_before = Counter(store.counts), len(await finished_tasks(store))
     t0 = time.perf_counter()
     turn_ids = await asyncio.gather(*(submit(deps, runner, f"bench:parallel:{i % CONVERSATIONS}",
                                              i) for i in range(n)))
     await asyncio.gather(*(store.settled(t) for t in turn_ids))
     wall = time.perf_counter() - t0
     deps.client.requests.clear()
-    counts = await store.count_tasks()
-    if set(counts) != {DONE}:
-        raise RuntimeError(f"turns did not all finish as scripted: {counts}")
+    tasks_after = len(await finished_tasks(store))
+    mine = set(turn_ids)
+    covered = sum(t.id in mine and "covered_by" in (t.result or {})
+                  for t in await store.list_tasks(kind="turn", limit=10 * n))
     return {f"B {CONVERSATIONS} conversations turns/s": n / wall,
+            "B turns answered by an earlier turn": covered,
+            "B tasks/turn": (tasks_after - tasks_before) / n,
             **per_turn(store, before, n, "B")}
 
 
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:  # "5": VmHWM restarts from VmRSS
-        f.write("5")
-
-
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["VmHWM"].split()[0]) / 1024
-
-
 async def run_backend(url: str, turns: int) -> dict:
-    await asyncio.to_thread(_reset_peak_rss)
+    await asyncio.to_thread(_proc_status, True)  # restarts the peak
     # Setup, blocking on purpose: a home directory for the config (the database is `url`).
     with tempfile.TemporaryDirectory(prefix="steward-bench-home-") as home:
         async with serving_agent(url, Path(home)) as (deps, runner):
@@ -225,7 +230,7 @@ async def run_backend(url: str, turns: int) -> dict:
             results = await bench_sequential(deps, runner, turns)
             note(f"  B: {turns} turns at once, {CONVERSATIONS} conversations")
             results.update(await bench_throughput(deps, runner, turns))
-    results["peak RSS (MB)"] = await asyncio.to_thread(_peak_rss_mb)
+    results["peak RSS (MB)"] = (await asyncio.to_thread(_proc_status))["VmHWM"]
     return results
 
 
