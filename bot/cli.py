@@ -14,6 +14,7 @@ from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
 from bot.memory.compaction import KIND as COMPACT
 from bot.memory.facts import facts_for
+from bot.memory.recall import recall
 from bot.memory.search import search_command
 from store import STATES, StoreError, Writes, conversation_namespace
 from store.engine import create_engines, migrate
@@ -199,9 +200,14 @@ async def _context(config: Config, args) -> int:
     async with app.open_app(config) as opened:
         conv = await opened.store.get_conversation(args.key)
         facts = await facts_for(opened.store, conv.id, config.compaction.facts_chars)
+
+        async def recalled(conversation, said, seen):
+            return await recall(opened.store, conversation, said, in_window=seen)
+
         request = (await build_request(opened.store, config, conv.id,
                                        tools=opened.deps.toolbox.specs(),
-                                       model=opened.deps.client.model, facts=facts)).request
+                                       model=opened.deps.client.model, facts=facts,
+                                       recall=recalled)).request
     if args.json:
         print(request.model_dump_json())
         return 0

@@ -126,6 +126,22 @@ async def test_history_is_compacted_in_the_background_and_stays_on_disk(harness,
     assert (await store.usage_totals())["calls"] == 40 + len(compactions)
 
 
+async def test_memories_outside_the_window_are_recalled_for_the_newest_message(harness,
+                                                                               store):
+    model = ScriptedModel(summarizing())
+    h = harness(model)
+    await h.say("my locker code is zebra4412, remember the gym")
+    for n in range(40):
+        await h.say(f"filler {n}: " + "words " * 30)
+    assert (await store.get_conversation("cli:m")).head_seq  # the code left the window
+    await h.say("what was that zebra4412 thing again?")
+    request = [r for r in model.requests if "running summary" not in r.messages[0].content][-1]
+    notes = [m.content for m in request.messages[1:] if m.role == "system"]
+    assert len(notes) == 1 and "my locker code is zebra4412" in notes[0]
+    assert request.messages[-1].content == "what was that zebra4412 thing again?"
+    assert request.messages[-2].role == "system"  # late: the stable prefix stays cached
+
+
 async def test_a_full_window_waits_for_the_summary(harness, store):
     model = ScriptedModel(summarizing())
     config = {**SMALL, "compaction": {"reserve_tokens": 0, "keep_recent_tokens": 300}}

@@ -218,7 +218,10 @@ def request_chars(request: Request) -> int:
 
 async def build_request(store: Store, config: Config, conversation_id: int, *,
                         tools: list[ToolSpec], model: str, upto: int | None = None,
-                        facts: str = "", cache: ContextCache | None = None) -> Assembled:
+                        facts: str = "", cache: ContextCache | None = None,
+                        recall=None) -> Assembled:
+    """The request for the model. `recall(conversation, text, in_window)` may return
+    memories found outside the window for the newest message; they go last but one."""
     conversation = await store.get_conversation_by_id(conversation_id)
     ratio = await tokens_per_char(store, conversation_id)
     window_tokens = config.llm.context_window - config.llm.max_output_tokens
@@ -239,6 +242,16 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     messages = to_messages(entries)
     # A window cut mid-exchange starts at the next user message (some providers insist).
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
+    messages = messages[first_user:]
+    last_user = next((i for i in range(len(messages) - 1, -1, -1)
+                      if messages[i].role == "user"), None)
+    if recall is not None and last_user is not None:
+        found = await recall(conversation, messages[last_user].content,
+                             {e.id for e in window.entries})
+        if found:
+            messages.insert(last_user, Message(role="system", content=(
+                "Possibly relevant, from earlier history (search_history has more):\n"
+                + found)))
     request = Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
-                      messages=[Message(role="system", content=prompt), *messages[first_user:]])
+                      messages=[Message(role="system", content=prompt), *messages])
     return Assembled(request, int(request_chars(request) * ratio) + 1, window)

@@ -18,6 +18,7 @@ from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import KIND as COMPACT
 from bot.memory.compaction import compaction_due
 from bot.memory.facts import facts_for
+from bot.memory.recall import recall
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
 from store import DONE, INTERRUPTED, Task
 
@@ -66,7 +67,9 @@ class Turn(TaskDef):
         assembled = await build_request(
             self.store, config, conv_id, tools=tools, model=deps.client.model,
             upto=cp["upto"], cache=deps.context_cache,
-            facts=await facts_for(self.store, conv_id, config.compaction.facts_chars))
+            facts=await facts_for(self.store, conv_id, config.compaction.facts_chars),
+            recall=lambda conversation, said, seen: recall(self.store, conversation, said,
+                                                           in_window=seen))
         if config.compaction.enabled:
             limit = config.llm.context_window - config.llm.max_output_tokens
             full = assembled.estimated_tokens > limit or not assembled.window.complete

@@ -25,7 +25,6 @@ from typing import Any
 from store import Store, open_store
 
 from ._jsonl import JsonlReader
-from ._mbox import MboxReader
 from ._model import Item, Problem, Skip
 from ._progress import Progress
 from ._slack import SlackExportReader
@@ -116,6 +115,8 @@ def make_reader(fmt: str, path: Path, *, owner_address: str = ""):
     if fmt == "slack":
         return SlackExportReader(path)
     if fmt == "mbox":
+        from ._mbox import MboxReader  # loads the email connector's parser: only when needed
+
         return MboxReader(path, owner_address=owner_address)
     raise ImportFailed(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 

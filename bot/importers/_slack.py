@@ -47,6 +47,8 @@ MESSAGE_FILE = re.compile(r"^([^/]+)/(\d{4}-\d{2}-\d{2})\.json$")
 # CHANNEL, outbound.py HISTORY_CHANNEL), each under "<channel>:<ts>".
 LIVE_CHANNELS = ("slack", "slack:history")
 MAX_MEMBER = 256 * 1024 * 1024
+# What reading one damaged member of a zip can raise.
+DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError)
 _USER_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
 _CHANNEL_MENTION = re.compile(r"<#([CG][A-Z0-9]+)(?:\|([^>]*))?>")
 _SLACK_ID = re.compile(r"^[CDG][A-Z0-9]{6,}$")
@@ -126,6 +128,7 @@ class SlackExportReader:
         self.bots: set[str] = {"USLACKBOT"}
         self.places: dict[str, Place] = {}  # folder -> place
         self.channel_names: dict[str, str] = {}
+        self._setup_problems: list[Problem] = []
 
     # -- the workspace's directory -------------------------------------------------------
 
@@ -136,6 +139,9 @@ class SlackExportReader:
             value = export.load(name)
         except ValueError as exc:
             self._setup_problems.append(Problem(name, f"not JSON: {str(exc)[:200]}"))
+            return iter(())
+        except DAMAGED as exc:
+            self._setup_problems.append(Problem(name, f"unreadable: {str(exc)[:200]}"))
             return iter(())
         if not isinstance(value, list):
             self._setup_problems.append(Problem(name, "not a JSON array"))
@@ -182,7 +188,6 @@ class SlackExportReader:
         try:
             names = export.names()
             present = set(names)
-            self._setup_problems: list[Problem] = []
             self._directory(export, present)
             yield from self._setup_problems
             files = sorted(n for n in names if MESSAGE_FILE.match(n))
@@ -207,8 +212,7 @@ class SlackExportReader:
             except ValueError as exc:
                 yield Problem(name, f"not JSON: {str(exc)[:200]}")
                 return
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError,
-                    NotImplementedError) as exc:  # a damaged member: the others still count
+            except DAMAGED as exc:  # a damaged member: the others still count
                 yield Problem(name, f"unreadable: {str(exc)[:200]}")
                 return
             if not isinstance(messages, list):
