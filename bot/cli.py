@@ -12,6 +12,7 @@ from pathlib import Path
 from bot import app, chat
 from bot.agent.context import build_request
 from bot.config import Config, ConfigError, load_config
+from bot.importers import import_command
 from bot.memory.compaction import KIND as COMPACT
 from bot.memory.facts import facts_for
 from bot.memory.recall import recall
@@ -54,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--session", help="only this conversation")
     search.add_argument("--limit", type=int, default=10)
     search.add_argument("--json", action="store_true", help="one JSON object per line")
+    imports = sub.add_parser("import", help="bring existing history in (idempotent)")
+    imports.add_argument("file")
+    imports.add_argument("--format", choices=["jsonl", "slack", "mbox"],
+                         help="default: guessed from the file")
+    imports.add_argument("--json", action="store_true", help="print the summary as JSON")
     compact = sub.add_parser("compact", help="summarise a conversation's old history now")
     compact.add_argument("key")
     tasks = listing("tasks", "tasks by state")
@@ -250,6 +256,7 @@ COMMANDS = {
     "context": _context,
     "compact": _compact,
     "search": search_command,
+    "import": import_command,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
     "quarantine": _quarantine,
     "fork": _fork, "doc": _doc,
