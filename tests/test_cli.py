@@ -194,3 +194,20 @@ async def test_quarantined_inbound_is_listed_with_its_reason(home):
     [row] = [json.loads(line) for line in out.splitlines()]
     assert (row["channel"], row["external_id"], row["reason"]) == (
         "email", "imap:7:42", "malformed MIME: no boundary")
+
+
+async def test_import_twice_adds_nothing_the_second_time(home):
+    lines = [json.dumps({"session": "cli:old", "role": role, "author": who, "text": text,
+                         "ts": f"2024-03-0{n + 1}T10:00:00Z", "ref": f"r{n}"})
+             for n, (role, who, text) in enumerate([("user", "ana", "the roof leaks"),
+                                                     ("assistant", "steward", "call Jo")])]
+    (home / "old.jsonl").write_text("\n".join(lines) + "\n")
+    for _ in range(2):
+        code, out, err = await steward(home, "import", "old.jsonl", "--json")
+        assert code == 0, err
+    code, out, _ = await steward(home, "log", "cli:old", "--json")
+    assert [json.loads(line)["text"] for line in out.splitlines()] == [
+        "the roof leaks", "call Jo"]
+    code, out, _ = await steward(home, "search", "roof", "--json")
+    [hit] = [json.loads(line) for line in out.splitlines()]
+    assert (hit["session"], hit["author"], hit["ts"][:10]) == ("cli:old", "ana", "2024-03-01")
