@@ -25,6 +25,7 @@ def fast_model() -> ScriptedModel:
                          chunk_chars=1000)
 
 
+@pytest.mark.load
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_a_burst_of_200_events_is_acked_fast_and_answered_once_in_order(
         store, tmp_path, capsys):
