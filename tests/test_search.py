@@ -335,11 +335,10 @@ async def test_a_search_over_a_big_conversation_reads_the_index_not_the_table(st
         123456, [123455], [123457])
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # a PostgreSQL planner matter
 async def test_postgresql_plans_every_search_for_its_own_words(store_url):
     """asyncpg prepares statements; a generic plan (PostgreSQL's choice after five runs)
     cannot use the index selectivity of this query's words."""
-    if not store_url.startswith("postgresql"):
-        pytest.skip("a PostgreSQL planner matter")
     store = await open_store(store_url)
     try:
         conv = await store.ensure_conversation("cli:plans")
