@@ -69,25 +69,37 @@ async def wait_for_turn(app: App, turn_id: str, out: TextIO, conversation_id: in
     return result
 
 
-async def ask(app: App, session: str, text: str, request_id: str | None,
-              out: TextIO = sys.stdout) -> int:
-    serving = asyncio.create_task(app.runner.run())
+async def say(app: App, session: str, text: str, out: TextIO,
+              request_id: str | None = None) -> dict:
+    """Submit one terminal message and render its turn until it ends."""
+    accepted = await submit_message(
+        app.store, channel="cli", external_ids=[f"request:{request_id or new_id()}"],
+        conversation_key=session, text=text, author="you")
+    app.runner.wake()
+    return await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: App):
+    """The runner works in the background while the terminal talks; then it drains."""
+    job = asyncio.create_task(app.runner.run())
     try:
-        accepted = await submit_message(
-            app.store, channel="cli", external_ids=[f"request:{request_id or new_id()}"],
-            conversation_key=session, text=text, author="you")
-        app.runner.wake()
-        await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
+        yield
     finally:
         await app.runner.drain(app.config.runtime.drain_seconds)
-        await serving
+        await job
+
+
+async def ask(app: App, session: str, text: str, request_id: str | None,
+              out: TextIO = sys.stdout) -> int:
+    async with serving(app):
+        await say(app, session, text, out, request_id)
     return 0
 
 
 async def chat(app: App, session: str, out: TextIO = sys.stdout) -> int:
-    serving = asyncio.create_task(app.runner.run())
     out.write(f"steward chat — session {session}; an empty line or Ctrl-D ends it\n")
-    try:
+    async with serving(app):
         while True:
             try:
                 line = await asyncio.to_thread(input, "you> ")
@@ -95,14 +107,7 @@ async def chat(app: App, session: str, out: TextIO = sys.stdout) -> int:
                 break
             if not line.strip():
                 break
-            accepted = await submit_message(
-                app.store, channel="cli", external_ids=[f"request:{new_id()}"],
-                conversation_key=session, text=line, author="you")
-            app.runner.wake()
-            await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
-    finally:
-        await app.runner.drain(app.config.runtime.drain_seconds)
-        await serving
+            await say(app, session, line, out)
     return 0
 
 
