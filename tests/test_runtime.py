@@ -198,11 +198,11 @@ async def test_expired_lease_of_a_dead_worker_is_taken_over(store, store_url):
     other = await open_store(store_url)  # another live worker...
     try:
         await other.announce_worker("other-worker")
-        [claimed] = await store.claim_tasks("other-worker", 1, lease_seconds=0.3)
+        [claimed] = await store.claim_tasks("other-worker", 1, lease_seconds=3)
         assert claimed.id == task_id
         runner = await run_all(store, echo, steal_all=False)
         assert (await store.get_task(task_id)).state == RUNNING  # alive, lease valid: left
-        await asyncio.sleep(0.4)  # ...that stops renewing its lease
+        await asyncio.sleep(3.1)  # ...that stops renewing its lease
         await asyncio.wait_for(runner.run(until_idle=True), 10)
         assert (await store.get_task(task_id)).state == DONE
         assert echo.calls == [task_id]
