@@ -94,21 +94,19 @@ class Store:
                    ).one()
         return conversation_from_row(row)
 
-    async def get_conversation(self, key: str) -> Conversation:
+    async def _conversation(self, condition, missing: str) -> Conversation:
         async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(conversations).where(conversations.c.key == key))
-                   ).first()
+            row = (await conn.execute(select(conversations).where(condition))).first()
         if row is None:
-            raise NotFound(f"no conversation {key!r}")
+            raise NotFound(missing)
         return conversation_from_row(row)
 
+    async def get_conversation(self, key: str) -> Conversation:
+        return await self._conversation(conversations.c.key == key, f"no conversation {key!r}")
+
     async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(conversations)
-                                      .where(conversations.c.id == conversation_id))).first()
-        if row is None:
-            raise NotFound(f"no conversation id {conversation_id}")
-        return conversation_from_row(row)
+        return await self._conversation(conversations.c.id == conversation_id,
+                                        f"no conversation id {conversation_id}")
 
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:
