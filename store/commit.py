@@ -3,7 +3,8 @@ all of it lands or none of it does.
 
 Order matters: submissions first (a duplicate aborts the step before anything is written),
 then entries (so documents can be tied to the positions they produce), tasks, documents,
-usage, and last the task update, which wakes a waiting parent when a child settles.
+usage, then the task update, which wakes a waiting parent when a child settles, and last
+the wakes of sleeping tasks.
 """
 
 from sqlalchemy import and_, exists, insert, not_, or_, select, update
@@ -101,12 +102,13 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     for sw in writes.schedules:
         await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
 
+    if writes.task_update is not None:
+        await _update_task(conn, writes.task_update, t)
+
+    # After our own row: a sleeper locks that row before its own (see `_update_task`).
     for task_id in writes.wakes:
         await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)
                            .values(run_after=0.0, updated_at=t))
-
-    if writes.task_update is not None:
-        await _update_task(conn, writes.task_update, t)
     return result
 
 
@@ -121,6 +123,10 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
         values.update(lease_owner=None, lease_expires=None)
     if u.attempts is not None:
         values["attempts"] = u.attempts
+    if u.state == PENDING and u.wake_if_settled:
+        # Before our own row, the same order a settling task takes (its row, then ours):
+        # the check below then sees it settled, or its wake finds us pending.
+        await _lock_rows(conn, u.wake_if_settled, share=True)
     # Fenced: only the worker holding the lease may move the task on.
     row = (await conn.execute(
         update(tasks).where(tasks.c.id == u.task_id, tasks.c.lease_owner == u.owner,
@@ -138,7 +144,18 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
     if u.state == WAITING:
         await wake_if_ready(conn, u.task_id, t)
     elif u.state in TERMINAL and row.parent_id is not None:
+        await _lock_rows(conn, [row.parent_id])
         await wake_if_ready(conn, row.parent_id, t)
+
+
+async def _lock_rows(conn, task_ids: list[str], share: bool = False) -> None:
+    """Serialise the tasks whose settling another's check depends on. Under PostgreSQL's
+    read committed, two children finishing together each see the other still running and
+    neither wakes the parent; with the parent's row locked first, the second one's check
+    runs after the first commits. (SQLite has one writer, so it needs nothing.)"""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(select(tasks.c.id).where(tasks.c.id.in_(task_ids))
+                           .order_by(tasks.c.id).with_for_update(read=share))
 
 
 async def wake_if_ready(conn, task_id: str, t: float) -> None:

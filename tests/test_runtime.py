@@ -95,6 +95,18 @@ async def test_parent_waits_for_all_children(store):
     assert len(echo.calls) == 2
 
 
+async def test_siblings_settling_together_wake_the_parent(store):
+    # Many children finishing at the same moment on several workers: the last one to
+    # commit must see all the others settled (a read-committed race left parents waiting).
+    parents = [await spawn(store, "parent", {"mode": "all",
+                                             "children": [{"a": i} for i in range(8)]})
+               for _ in range(6)]
+    options = RunnerOptions(concurrency=16, lease_seconds=5, poll_seconds=0.01)
+    await run_all(store, Echo(), Parent(), options=options)
+    states = [(await store.get_task(p)).state for p in parents]
+    assert states == [DONE] * len(parents)
+
+
 async def test_fail_fast_wakes_parent_on_first_failure(store):
     class SlowEcho(Echo):
         async def perform(self, ctx):
