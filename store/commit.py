@@ -35,36 +35,8 @@ class DuplicateSubmission(Exception):
 async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     result = CommitResult()
     t = now()
-    for sub in writes.submissions:
-        for external_id in sub.external_ids:
-            row = (await conn.execute(
-                insert_ignore(dialect, submissions, "channel", "external_id").values(
-                    channel=sub.channel, external_id=external_id,
-                    conversation_id=sub.conversation_id, task_id=sub.task_id,
-                    state="quarantined" if sub.quarantine_reason else "accepted",
-                    reason=sub.quarantine_reason,
-                    payload=None if sub.payload is None else dumps(sub.payload), created_at=t,
-                ).returning(submissions.c.id)
-            )).first()
-            if row is None:
-                raise DuplicateSubmission(f"{sub.channel}:{external_id}")
-
-    last_seq: dict[int, int] = {}
-    for e in writes.entries:
-        # The conversation row is the per-conversation sequence (and its lock on PostgreSQL).
-        moved = dict(last_seq=conversations.c.last_seq + 1, updated_at=t)
-        if e.head:
-            moved["head_seq"] = conversations.c.last_seq + 1
-        seq = (await conn.execute(
-            update(conversations).where(conversations.c.id == e.conversation_id)
-            .values(**moved).returning(conversations.c.last_seq)
-        )).scalar_one()
-        await conn.execute(insert(entries).values(
-            conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,
-            text=e.text, data=None if e.data is None else dumps(e.data), ref=e.ref,
-            task_id=e.task_id, created_at=t if e.created_at is None else e.created_at))
-        last_seq[e.conversation_id] = seq
-        result.entry_seqs.append(seq)
+    await _submissions(conn, dialect, writes, t)
+    last_seq = await _entries(conn, writes, t, result)
 
     for nt in writes.tasks:
         values = dict(
@@ -105,11 +77,74 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     if writes.task_update is not None:
         await _update_task(conn, writes.task_update, t)
 
+    if writes.withdrawals:
+        await _withdraw_tasks(conn, writes, t)
+
     # After our own row: a sleeper locks that row before its own (see `_update_task`).
     for task_id in writes.wakes:
         await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)
                            .values(run_after=0.0, updated_at=t))
     return result
+
+
+async def _submissions(conn, dialect: str, writes: Writes, t: float) -> None:
+    """One statement for all of them; any row the unique key ignored is a duplicate."""
+    rows = [dict(channel=sub.channel, external_id=external_id,
+                 conversation_id=sub.conversation_id, task_id=sub.task_id,
+                 state="quarantined" if sub.quarantine_reason else "accepted",
+                 reason=sub.quarantine_reason,
+                 payload=None if sub.payload is None else dumps(sub.payload), created_at=t)
+            for sub in writes.submissions for external_id in sub.external_ids]
+    if not rows:
+        return
+    stmt = insert_ignore(dialect, submissions, "channel", "external_id")
+    if len(rows) == 1:  # the common live case: a plain statement, no executemany
+        stmt = stmt.values(**rows[0])
+        rows = None
+    inserted = (await conn.execute(stmt.returning(submissions.c.id), rows)).all()
+    if len(inserted) < (1 if rows is None else len(rows)):
+        seen = (1 if rows is None else len(rows)) - len(inserted)
+        raise DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen before")
+
+
+async def _entries(conn, writes: Writes, t: float, result: CommitResult) -> dict[int, int]:
+    """Reserve each conversation's sequence numbers with one update (the conversation row
+    is its sequence, and its lock on PostgreSQL), then insert every entry in one statement,
+    in the order given. Returns each conversation's last sequence number."""
+    if not writes.entries:
+        return {}
+    counts: dict[int, int] = {}
+    heads: dict[int, int] = {}  # conversation -> offset of its last head marker
+    for e in writes.entries:
+        n = counts.get(e.conversation_id, 0)
+        if e.head:
+            heads[e.conversation_id] = n
+        counts[e.conversation_id] = n + 1
+    last_seq: dict[int, int] = {}
+    for conversation_id in sorted(counts):  # one lock order for every writer
+        n = counts[conversation_id]
+        moved = dict(last_seq=conversations.c.last_seq + n, updated_at=t)
+        if conversation_id in heads:
+            moved["head_seq"] = conversations.c.last_seq + 1 + heads[conversation_id]
+        last_seq[conversation_id] = (await conn.execute(
+            update(conversations).where(conversations.c.id == conversation_id)
+            .values(**moved).returning(conversations.c.last_seq)
+        )).scalar_one()
+    next_seq = {c: last_seq[c] - counts[c] + 1 for c in counts}
+    rows = []
+    for e in writes.entries:
+        seq = next_seq[e.conversation_id]
+        next_seq[e.conversation_id] = seq + 1
+        rows.append(dict(
+            conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,
+            text=e.text, data=None if e.data is None else dumps(e.data), ref=e.ref,
+            task_id=e.task_id, created_at=t if e.created_at is None else e.created_at))
+        result.entry_seqs.append(seq)
+    if len(rows) == 1:
+        await conn.execute(insert(entries).values(**rows[0]))
+    else:
+        await conn.execute(insert(entries), rows)
+    return last_seq
 
 
 async def _update_task(conn, u: TaskUpdate, t: float) -> None:
@@ -170,3 +205,32 @@ async def wake_if_ready(conn, task_id: str, t: float) -> None:
         update(tasks).where(tasks.c.id == task_id, tasks.c.state == WAITING,
                             or_(not_(unsettled), fail_fast))
         .values(state=PENDING, run_after=0.0, updated_at=t))
+
+
+# -- withdrawals: tasks finished before they ever ran (e.g. a deleted question) ------------
+
+
+async def _withdraw_tasks(conn, writes: Writes, t: float) -> None:
+    """Each withdrawn task moves from pending (in its phase) to done, without running, and
+    only while it and its `unstarted` tasks are all still pending in that phase; otherwise
+    the whole step is dropped. On PostgreSQL their rows are locked first (in id order, like
+    a claim), so a worker claiming one either skips it until this step commits or has
+    claimed it already, and then the check below sees it running."""
+    from store.records import DONE  # here: this block stays apart from the rest
+
+    await _lock_rows(conn, sorted({i for wd in writes.withdrawals
+                                   for i in (wd.task_id, *wd.unstarted)}))
+    for wd in writes.withdrawals:
+        ids = {wd.task_id, *wd.unstarted}
+        unstarted = (await conn.execute(select(tasks.c.id).where(
+            tasks.c.id.in_(ids), tasks.c.state == PENDING, tasks.c.phase == wd.phase))).all()
+        if len(unstarted) != len(ids):
+            raise DuplicateSubmission(f"task {wd.task_id} started: not withdrawn")
+        row = (await conn.execute(
+            update(tasks).where(tasks.c.id == wd.task_id, tasks.c.state == PENDING)
+            .values(state=DONE, result=dumps(wd.result), error=None, run_after=0.0,
+                    lease_owner=None, lease_expires=None, updated_at=t)
+            .returning(tasks.c.parent_id))).one()
+        if row.parent_id is not None:
+            await _lock_rows(conn, [row.parent_id])
+            await wake_if_ready(conn, row.parent_id, t)

@@ -3,7 +3,7 @@
 import logging
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select
+from sqlalchemy import and_, func, insert, or_, select, text
 
 from store import commit as _commit
 from store import liveness as _liveness
@@ -35,6 +35,14 @@ from store.sql import insert_ignore
 from store.writes import Writes
 
 log = logging.getLogger(__name__)
+
+_KNOWN_PER_QUERY = 500  # well under SQLite's bound-parameter limit
+# One index probe per id on PostgreSQL: a plain `IN (...)` is planned from statistics, and
+# on a never-analyzed table (a fresh import, autovacuum off) it filters the whole channel.
+_PG_KNOWN = text(
+    "SELECT x.id FROM unnest(CAST(:ids AS text[])) AS x(id) CROSS JOIN LATERAL "
+    "(SELECT 1 FROM submissions s WHERE s.channel = :channel AND s.external_id = x.id "
+    "LIMIT 1) AS hit")
 
 
 def conversation_namespace(conversation_id: int) -> str:
@@ -314,6 +322,21 @@ class Store:
                 submissions.c.channel == channel, submissions.c.external_id == external_id))
             ).first()
         return None if row is None else dict(row._mapping)
+
+    async def known_submissions(self, channel: str, external_ids: list[str]) -> set[str]:
+        """Which of `external_ids` the channel has already taken in (a batch's dedupe)."""
+        found: set[str] = set()
+        async with self._engines.read.connect() as conn:
+            for i in range(0, len(external_ids), _KNOWN_PER_QUERY):
+                part = external_ids[i:i + _KNOWN_PER_QUERY]
+                if self.dialect == "postgresql":
+                    rows = await conn.execute(_PG_KNOWN, {"ids": part, "channel": channel})
+                else:
+                    rows = await conn.execute(select(submissions.c.external_id).where(
+                        submissions.c.channel == channel,
+                        submissions.c.external_id.in_(part)))
+                found.update(r[0] for r in rows)
+        return found
 
     async def list_submissions(self, *, state: str | None = None, channel: str | None = None,
                                limit: int = 100) -> list[dict[str, Any]]:

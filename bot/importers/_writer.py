@@ -22,7 +22,6 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from store import Store, Writes
 
-from ._known import known_submissions
 from ._model import Item, Problem
 
 CONVERSATION_CACHE = 4096
@@ -70,13 +69,12 @@ class BatchWriter:
 
     async def _new(self, items: list[Item]) -> list[Item]:
         """The items not imported (or taken in live) before, nor earlier in this batch."""
-        known = await known_submissions(self.store, self.channel,
-                                        [i.external_id for i in items])
+        known = await self.store.known_submissions(self.channel, [i.external_id for i in items])
         live: dict[str, list[str]] = defaultdict(list)
         for item in items:
             for channel, external_id in item.live_ids:
                 live[channel].append(external_id)
-        live_known = {channel: await known_submissions(self.store, channel, ids)
+        live_known = {channel: await self.store.known_submissions(channel, ids)
                       for channel, ids in live.items()}
         fresh = []
         for item in items:
