@@ -158,6 +158,8 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
         values.update(lease_owner=None, lease_expires=None)
     if u.attempts is not None:
         values["attempts"] = u.attempts
+    if u.inputs is not None:
+        values["inputs"] = dumps(u.inputs)
     if u.state == PENDING and u.wake_if_settled:
         # Before our own row, the same order a settling task takes (its row, then ours):
         # the check below then sees it settled, or its wake finds us pending.

@@ -75,6 +75,7 @@ class TaskUpdate:
     wait_mode: str | None = None
     run_after: float = 0.0
     attempts: int | None = None  # None leaves the count as it is
+    inputs: Any = None  # None leaves them as they are
     wake_if_settled: list[str] = field(default_factory=list)  # pending: due now if any is
 
 
@@ -108,6 +109,21 @@ class ScheduleAdvance:
 
 
 @dataclass
+class TaskWithdrawal:
+    """Finish a task that has not started, without running it: a compare-and-set from
+    state `pending` in phase `phase` to `done` with `result` (terminal: never claimed,
+    never resumed). `unstarted` are other tasks that must also still be pending in `phase`
+    (they are left as they are). If any of it no longer holds, because a worker claimed one
+    of them meanwhile, the whole step is dropped and the commit reports `duplicate`, like a
+    submission seen before: the caller looks again."""
+
+    task_id: str
+    result: Any
+    phase: str = ""
+    unstarted: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Writes:
     entries: list[NewEntry] = field(default_factory=list)
     tasks: list[NewTask] = field(default_factory=list)
@@ -117,6 +133,7 @@ class Writes:
     wakes: list[str] = field(default_factory=list)
     schedules: list[ScheduleWrite | ScheduleAdvance] = field(default_factory=list)
     task_update: TaskUpdate | None = None
+    withdrawals: list[TaskWithdrawal] = field(default_factory=list)
 
     def append(self, conversation_id: int, kind: str, text: str = "", *, data: Any = None,
                author: str | None = None, ref: str | None = None,
@@ -185,6 +202,14 @@ class Writes:
     def update_task(self, update: TaskUpdate) -> None:
         self.task_update = update
 
+    def withdraw(self, task_id: str, result: Any, *, phase: str = "",
+                 unstarted: list[str] | None = None) -> None:
+        """Finish a task that is still pending in `phase` as done with `result`, without
+        running it; the step is dropped if it (or any of `unstarted`) was claimed since
+        (see `TaskWithdrawal`). A parent waiting for it is woken like for any child."""
+        self.withdrawals.append(TaskWithdrawal(task_id, result, phase, list(unstarted or ())))
+
     def __bool__(self) -> bool:
         return bool(self.entries or self.tasks or self.submissions or self.documents
-                    or self.usage or self.wakes or self.schedules or self.task_update)
+                    or self.usage or self.wakes or self.schedules or self.task_update
+                    or self.withdrawals)

@@ -97,6 +97,24 @@ async def test_turn_with_a_tool_round(make_agent):
     assert (await agent.store.usage_totals())["calls"] == 2
 
 
+async def test_an_answered_llm_call_keeps_only_the_outline_of_its_request(make_agent):
+    # The pinned request is there to repeat the call after a crash; once answered it would
+    # only fill the database (a long window is hundreds of KB per call).
+    model = ScriptedModel([todo_call("buy milk"), Response(text="Added it.")])
+    agent = make_agent(model)
+    await agent.say("remember milk")
+    await agent.run()
+    calls = await agent.store.list_tasks(kind="llm_call")
+    assert [c.state for c in calls] == [DONE, DONE]
+    for call, sent in zip(sorted(calls, key=lambda c: c.created_at), model.requests,
+                          strict=True):
+        assert "request" not in call.inputs
+        outline = call.inputs["request_outline"]
+        assert outline["messages"] == len(sent.messages)
+        assert outline["tools"] == len(sent.tools) > 0
+        assert outline["chars"] > 100
+
+
 async def test_parallel_tool_calls_are_answered_in_call_order(make_agent):
     calls = Response(tool_calls=[
         ToolCall(id=f"c{i}", name="todo", arguments={"action": "add", "item": f"thing {i}"})

@@ -6,6 +6,7 @@ loses at most that much; the partial of a dead attempt becomes an `aborted` entr
 for the record but never shown to the model.
 """
 
+import json
 import time
 
 from bot.agent.context import request_chars
@@ -27,6 +28,17 @@ class LLMCall(Effect):
 
     def __init__(self, deps: AgentDeps):
         self.deps = deps
+
+    def settled_inputs(self, ctx: TaskContext) -> dict:
+        """Once answered, the pinned request has done its job (it is only there to send the
+        same call again after a crash) and is the bulk of the database: a long window is a
+        few hundred KB per call. What it held is in the transcript; keep its outline."""
+        request = ctx.inputs.get("request") or {}
+        kept = {k: v for k, v in ctx.inputs.items() if k != "request"}
+        return {**kept, "request_outline": {
+            "model": request.get("model"), "messages": len(request.get("messages", [])),
+            "tools": len(request.get("tools", [])),
+            "chars": len(json.dumps(request, ensure_ascii=False))}}
 
     async def perform(self, ctx: TaskContext):
         conv_id = ctx.task.conversation_id

@@ -60,6 +60,12 @@ class Effect(TaskDef):
     def can_reconcile(self, ctx: TaskContext) -> bool:
         return type(self).reconcile is not Effect.reconcile
 
+    def settled_inputs(self, ctx: TaskContext) -> Any:
+        """The inputs to keep once the effect is done, or None to keep them whole. An effect
+        whose inputs are large and only needed to repeat it (an LLM call's pinned request)
+        slims them here, in the same commit as its result."""
+        return None
+
     async def step(self, ctx: TaskContext) -> Outcome:
         policy = self.policy_for(ctx)
         if ctx.phase != "effect":
@@ -79,7 +85,7 @@ class Effect(TaskDef):
                 return Interrupted({"interrupted": True, "partial": checkpoint.get("partial")})
             happened, result = await self.reconcile(ctx)
             if happened:
-                return Done(result)
+                return Done(result, self.settled_inputs(ctx))
         if not started_here:
             # Safe and keyed effects run again (keyed ones with the same key); a reconciled
             # unsafe one that did not happen runs for the first time. Mark this claim.
@@ -96,7 +102,7 @@ class Effect(TaskDef):
                 return Fail(f"{type(exc).__name__}: {exc}")
             raise
         kill_point("after-effect", self.kind)
-        return Done(result)
+        return Done(result, self.settled_inputs(ctx))
 
 
 class Registry:

@@ -42,6 +42,7 @@ class Sleep:
 @dataclass(frozen=True)
 class Done:
     result: Any = None
+    inputs: Any = None  # replaces the task's inputs when not None (see Effect.settled_inputs)
 
 
 @dataclass(frozen=True)

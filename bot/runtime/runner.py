@@ -243,8 +243,8 @@ class Runner:
                 return self._update(ctx, PENDING, phase=phase, checkpoint=checkpoint,
                                     run_after=time.time() + seconds,
                                     wake_if_settled=list(until_settled))
-            case Done(result):
-                return self._update(ctx, DONE, result=result)
+            case Done(result, inputs):
+                return self._update(ctx, DONE, result=result, inputs=inputs)
             case Fail(error, result):
                 return self._update(ctx, FAILED, error=error, result=result)
             case Interrupted(result):
