@@ -145,9 +145,9 @@ async def submit(deps: AgentDeps, runner: Runner, conversation_key: str, i: int)
 
 
 async def finished_tasks(store: Store, **where) -> list:
-    """Kind, times and input size of the tasks matching `where` (not their inputs, which
-    hold whole requests), checked to have all ended `done`."""
-    query = select(tasks.c.kind, tasks.c.state, tasks.c.created_at, tasks.c.updated_at,
+    """Kind, times and stored input size of the tasks matching `where`, checked to have
+    all ended `done`."""
+    query = select(tasks.c.id, tasks.c.kind, tasks.c.state, tasks.c.created_at, tasks.c.updated_at,
                    func.length(tasks.c.inputs).label("size")).order_by(tasks.c.id)
     for column, value in where.items():
         query = query.where(tasks.c[column] == value)
@@ -157,6 +157,11 @@ async def finished_tasks(store: Store, **where) -> list:
     if set(states) - {DONE}:
         raise RuntimeError(f"tasks did not all finish: {dict(states)}")
     return rows
+
+
+async def request_chars(store: Store, task_id: str) -> int:
+    """The size of the request an answered llm_call sent (its inputs keep the outline)."""
+    return (await store.get_task(task_id)).inputs["request_outline"]["chars"]
 
 
 def per_turn(store: CountingStore, before: Counter, n: int, label: str) -> dict:
@@ -194,8 +199,11 @@ async def bench_sequential(deps: AgentDeps, runner: Runner, n: int) -> dict:
                statistics.median(done[:tenth]) * 1000, statistics.median(done[-tenth:]) * 1000],
            f"A tasks/turn ({'/'.join(kinds)})": [
                sum(r.kind == kind for r in rows) / n for kind in kinds],
-           "A llm_call request size, first/last (KB)": [llm[0].size / 1024,
-                                                        llm[-1].size / 1024]}
+           "A llm_call request sent, first/last (KB)": [
+               (await request_chars(store, llm[0].id)) / 1024,
+               (await request_chars(store, llm[-1].id)) / 1024],
+           "A llm_call inputs kept, first/last (KB)": [llm[0].size / 1024,
+                                                       llm[-1].size / 1024]}
     for kind in kinds:
         out[f"A {kind} created->done p50/p99 (ms)"] = p50_p99(
             [r.updated_at - r.created_at for r in rows if r.kind == kind])
