@@ -15,6 +15,7 @@ from store import Conversation, Entry, Store
 
 PAGE = 100
 SPOKEN = ("user", "assistant", "tool_result")  # what the model sees; `aborted` etc. are not
+WITHDRAWS = "withdraws"  # a note's data: positions of messages taken back (bot.agent.inbox)
 CHARS_PER_TOKEN = 3  # before the provider has reported any usage: errs on the large side
 
 BASE_PROMPT = """You are {name}, a personal assistant who lives in the user's chat and mailbox.
@@ -56,17 +57,26 @@ async def head_of(store: Store, conversation: Conversation) -> tuple[str | None,
     return marker.text, int((marker.data or {}).get("cut_seq", marker.seq))
 
 
+def withdrawn_by(entry: Entry) -> list[int]:
+    """The positions of the messages this entry says were taken back before they were
+    answered (a deleted question): they are left out of the model's context. The note
+    always comes after them."""
+    return list((entry.data or {}).get(WITHDRAWS) or ())
+
+
 async def read_window(store: Store, conversation: Conversation, budget_chars: int) -> Window:
     summary, cut = await head_of(store, conversation)
     picked: list[Entry] = []
     used = 0
+    withdrawn: set[int] = set()
     before = conversation.last_seq + 1
     while True:
         page = await store.entries_page(conversation.id, before=before, limit=PAGE)
         for entry in reversed(page):
             if entry.seq <= cut:
                 return Window(summary, cut, picked[::-1], conversation.last_seq, used)
-            if entry.kind not in SPOKEN:
+            withdrawn.update(withdrawn_by(entry))
+            if entry.kind not in SPOKEN or entry.seq in withdrawn:
                 continue
             if used + entry_chars(entry) > budget_chars and picked:
                 return Window(summary, cut, picked[::-1], conversation.last_seq, used, False)
@@ -115,6 +125,10 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
     while True:
         page = await store.entries_page(conversation.id, after=after, limit=PAGE)
         for entry in page:
+            gone = set(withdrawn_by(entry))
+            if gone:
+                used -= sum(entry_chars(e) for e in entries if e.seq in gone)
+                entries = [e for e in entries if e.seq not in gone]
             if entry.kind in SPOKEN:
                 entries.append(entry)
                 used += entry_chars(entry)

@@ -1,13 +1,21 @@
 """Accepting an inbound message: one commit stores the submission (deduplicated forever
-by the channel's own ids), the user's entry and the turn that will answer it."""
+by the channel's own ids), the user's entry and the turn that will answer it. And taking
+one back: a message deleted before its turn started withdraws that turn, in the commit
+that records the deletion."""
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from store import Conversation, Store, Writes
+from bot.agent.context import WITHDRAWS
+from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
 
 TURN = "turn"
+WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
+WITHDRAW_ATTEMPTS = 5
+SETTLE_SECONDS, SETTLE_POLL = 2.0, 0.02  # waiting out a turn's start phase (milliseconds)
 
 
 @dataclass(frozen=True)
@@ -64,3 +72,98 @@ async def add_history(store: Store, *, channel: str, conversation_key: str,
                  ref=m["ref"], data={"channel": channel, "history": True, **m.get("data", {})})
         added += not (await store.commit(w)).duplicate
     return added
+
+
+def _unstarted(task: Task) -> bool:
+    """A turn that has not begun: nothing read, no model called (queued or not claimed)."""
+    return task.state == PENDING and task.phase == ""
+
+
+async def _settled_turns(store: Store, conversation_id: int, said: list[Entry],
+                         settle_by: float) -> list[Task]:
+    """The conversation's active turns, once none that decides about `said` (its own, or
+    an older one) is in its start phase, which takes milliseconds and ends with the turn
+    queued (withdrawable) or its model call made; or as they are at `settle_by`."""
+    last = max((e.task_id for e in said if e.task_id), default="")
+    while True:
+        turns = await store.list_tasks(kind=TURN, conversation_id=conversation_id,
+                                       active=True, limit=200)
+        starting = any(t.state == RUNNING and t.phase == "" and t.id <= last for t in turns)
+        if not starting or time.monotonic() >= settle_by:
+            return turns
+        await asyncio.sleep(SETTLE_POLL)
+
+
+def _withdrawable(turns: list[Task], said: list[Entry]) -> tuple[list[Entry], set[str]]:
+    """Which of `said` can be taken back, and the older unstarted turns that must stay
+    unstarted for that (one of them could otherwise take the message in when it starts).
+    A message is answered by its own turn, or by an older turn that started after it
+    arrived (its checkpoint's `upto` covers it): if that turn has begun, it stays."""
+    by_id = {t.id: t for t in turns}
+    picked: list[Entry] = []
+    guards: set[str] = set()
+    for e in said:
+        own = by_id.get(e.task_id or "")
+        if own is None or not _unstarted(own):
+            continue
+        needed, answered = set(), False
+        for older in (t for t in turns if t.id < own.id):
+            if _unstarted(older):  # (a retried start reads afresh: its old `upto` is moot)
+                needed.add(older.id)
+                continue
+            upto = older.checkpoint.get("upto") if isinstance(older.checkpoint, dict) else None
+            if upto is not None and upto < e.seq:
+                continue  # it began before this message came: it never sees it
+            answered = True  # it took the message in (or may have): it answers it
+            break
+        if not answered:
+            picked.append(e)
+            guards |= needed
+    return picked, guards - {e.task_id for e in picked}
+
+
+async def withdraw_message(store: Store, *, channel: str, ref: str, conversation_id: int,
+                           said: list[Entry], note: str, withdrawn_note: str,
+                           author: str | None = None, data: dict[str, Any] | None = None,
+                           reason: str = "the message was deleted") -> list[Entry]:
+    """A person took a message back (deleted it). `said` are its user entries (the
+    message, and edits of it submitted as new messages). Each whose turn has not started
+    yet is withdrawn: the turn ends `done` with {"withdrawn": True} without running (the
+    runner never claims it, a restart never resumes it), the next queued turn is woken, and
+    the context leaves the message out. All of it lands in one commit with the deletion,
+    recorded like `add_history` (ref `ref`, once, forever): a note entry, `withdrawn_note`
+    as a `system` entry (kept in the transcript, not shown to the model) when every one of
+    `said` was withdrawn, else `note` as context for what follows. A turn that already
+    started is left to run (the channel may still suppress its answer).
+
+    Returns the withdrawn entries ([] if none was, or the deletion was recorded before)."""
+    settle_by = time.monotonic() + SETTLE_SECONDS
+    for attempt in range(WITHDRAW_ATTEMPTS):
+        turns: list[Task] = []
+        picked: list[Entry] = []
+        guards: set[str] = set()
+        if said and attempt < WITHDRAW_ATTEMPTS - 1:  # the last try withdraws nothing
+            turns = await _settled_turns(store, conversation_id, said, settle_by)
+            picked, guards = _withdrawable(turns, said)
+        w = Writes()
+        w.submit(f"{channel}:history", ref, conversation_id=conversation_id)
+        gone = {e.task_id for e in picked}
+        for e in picked:
+            w.withdraw(e.task_id, {WITHDRAWN: True, "reason": reason},
+                       unstarted=sorted(guards))
+            nxt = next((t.id for t in turns if t.id > e.task_id and t.id not in gone), None)
+            if nxt is not None:
+                w.wake(nxt)  # it may sleep until the withdrawn turn ends: that is now
+        everything = bool(picked) and len(picked) == len(said)
+        note_data = {"channel": channel, "history": True, **(data or {})}
+        if picked:
+            note_data[WITHDRAWS] = sorted(e.seq for e in picked)
+        w.append(conversation_id, "system" if everything else "user",
+                 withdrawn_note if everything else note, author=author, ref=ref,
+                 data=note_data)
+        if not (await store.commit(w)).duplicate:
+            return picked
+        if not picked:
+            return []  # recorded before
+        # Dropped: a turn began meanwhile, or this deletion was recorded before: look again.
+    return []

@@ -1,6 +1,8 @@
 """An agent turn: a workflow over a checkpoint.
 
     ""           wait for older turns of the conversation; skip if already answered
+                 (a turn whose message was deleted before this phase ran is withdrawn
+                 instead: done without running, see `inbox.withdraw_message`)
     llm          assemble the context, spawn an llm_call, wait for it
     after_llm    record the reply; spawn one tool_call per call (they run in parallel) and
                  wait, or spawn the delivery of the final answer and wait
@@ -135,11 +137,14 @@ class Turn(TaskDef):
         return Wait("delivered", {**cp, "answer": text, "delivery": delivery})
 
     async def _finish(self, ctx: TaskContext, result: dict):
-        """Done; the next queued turn of this conversation may start now."""
+        """Done; the next queued turn of this conversation may start now. The one after it
+        is woken too: the next may be withdrawn (its message deleted, see
+        `inbox.withdraw_message`) between this read and this commit, and the one behind it
+        would then sleep out its whole wait; woken early, it just sleeps again."""
         nxt = await self.store.list_tasks(kind=TURN, conversation_id=ctx.task.conversation_id,
-                                          active=True, after_id=ctx.task.id, limit=1)
-        if nxt:
-            ctx.writes.wake(nxt[0].id)
+                                          active=True, after_id=ctx.task.id, limit=2)
+        for queued in nxt:
+            ctx.writes.wake(queued.id)
         return Done(result)
 
 

@@ -104,6 +104,15 @@ def parse(body: dict, me: Identity) -> Inbound | None:
 def _edit(event: dict, base: dict, me: Identity) -> Inbound | None:
     new = event.get("message") or {}
     previous = event.get("previous_message") or {}
+    if new.get("subtype") == "tombstone":
+        # A deleted message that has replies (a thread's parent) stays as a tombstone
+        # ("This message was deleted."): Slack says so with a change, not a deletion.
+        if _is_self(previous, me) or not previous:
+            return None
+        return Inbound(kind="delete", user=previous.get("user") or "",
+                       ts=previous.get("ts") or new.get("ts") or "",
+                       thread_ts=_thread(previous), text="",
+                       previous_text=previous.get("text") or "", **base)
     if _is_self(new, me) or not new.get("edited"):
         return None  # its own streaming edits; unfurls and reply counts are not edits
     if (new.get("text") or "") == (previous.get("text") or ""):

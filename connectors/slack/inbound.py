@@ -10,8 +10,11 @@
 * An edit of a message whose answer is still to come is submitted as a new message,
   "(edited) <text>", keyed `<channel>:<ts>:edited:<edit ts>`; an edit of an answered one is
   recorded as a note in the conversation (context for what follows, no new answer).
-* A deletion is recorded as a note; an answer still to come for it is not shown (see
-  `outbound.py`).
+* A deletion is recorded as a note. A turn for it that has not started yet (still
+  pending, or queued behind an older turn) is withdrawn in the same commit: it never runs,
+  nothing is posted, and the model's context leaves the message out. An answer already
+  being worked on is not shown (see `outbound.py`). Deleting a thread's parent message
+  arrives as a `message_changed` to a tombstone and is treated the same.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from collections.abc import Callable
 
 from bot.agent.deliver import Deliver
 from bot.agent.deps import AgentDeps
-from bot.agent.inbox import add_history, submit_message
+from bot.agent.inbox import add_history, submit_message, withdraw_message
 from bot.config import SlackConfig
-from store import TERMINAL, NotFound, Writes
+from store import TERMINAL, Entry, NotFound, Writes
 
 from . import routing
 from .events import Identity, Inbound, clean_text, parse
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "slack"
 ATTEMPTS = 3
+SAID_TAIL = 200  # newest entries searched for a deleted message and its edits
 REFUSAL = ("Sorry, I am a personal assistant and only talk with the people I was set up "
            "for. My owner can add you to `allowed_users`.")
 
@@ -122,7 +126,8 @@ class Inbox:
                                            own_name=self.agent_name)
             if earlier:
                 await add_history(self.store, channel=CHANNEL, conversation_key=key,
-                                  messages=earlier, owner=routing.owner(ev))
+                                  messages=earlier, owner=routing.owner(ev),
+                                  scope=routing.scope(ev))
         text = clean_text(ev.text, self.me) + await self.files.describe(ev.files)
         await self._submit(ev, key, self._ids(ev, message_id), text)
 
@@ -130,7 +135,8 @@ class Inbox:
         where = routing.reply_to(ev)
         accepted = await submit_message(
             self.store, channel=CHANNEL, external_ids=ids, conversation_key=key, text=text,
-            author=await self.people.name(ev.user), owner=routing.owner(ev), reply_to=where,
+            author=await self.people.name(ev.user), owner=routing.owner(ev),
+            scope=routing.scope(ev), reply_to=where,
             data={"slack": {"channel": ev.channel, "ts": ev.ts, "user": ev.user,
                             "thread_ts": ev.thread_ts, "event_id": ev.event_id}})
         if not accepted.duplicate:
@@ -138,7 +144,11 @@ class Inbox:
             await self.working.start(where)
 
     async def _refuse(self, ev: Inbound, key: str, ids: list[str]) -> None:
-        conversation = await self.store.ensure_conversation(key)
+        # Created with its owner and scope like any other: a refused DM must not make a
+        # conversation in the default (terminal user's) scope that the person would inherit
+        # once allowed.
+        conversation = await self.store.ensure_conversation(
+            key, owner=routing.owner(ev), scope=routing.scope(ev))
         w = Writes()
         w.submit(CHANNEL, *ids, conversation_id=conversation.id, payload={"refused": ev.user})
         w.deliver(Deliver.kind, {"channel": CHANNEL, "text": REFUSAL,
@@ -169,12 +179,36 @@ class Inbox:
         await self._note(ev, key, edit_id, f"(edited an earlier message; it now says:) {text}")
 
     async def _on_delete(self, ev: Inbound) -> None:
+        """The deletion is recorded as a note. The turns for the message (and for edits of
+        it) that have not started are withdrawn in the same commit: never run, nothing
+        posted, the message left out of the context. A turn already working goes on, and
+        its answer is not shown (`outbound.py`)."""
         state, _ = await self._original(ev)
         if state is None:
             return
+        conversation_id = state["conversation_id"]
         before = ev.previous_text if len(ev.previous_text) < 500 else ev.previous_text[:500] + "…"
-        await self._note(ev, routing.conversation_key(ev), deleted_ref(ev.channel, ev.ts),
-                         f"(deleted an earlier message, which said: {before})")
+        withdrawn = await withdraw_message(
+            self.store, channel=CHANNEL, ref=deleted_ref(ev.channel, ev.ts),
+            conversation_id=conversation_id, said=await self._said(conversation_id, ev, state),
+            note=f"(deleted an earlier message, which said: {before})",
+            withdrawn_note="(deleted this message before it was answered; it was not answered)",
+            author=await self.people.name(ev.user),
+            data={"slack_note": {"channel": ev.channel, "ts": ev.ts}})
+        if withdrawn:
+            self.deps.wake()  # the turn queued behind a withdrawn one may start now
+
+    async def _said(self, conversation_id: int, ev: Inbound, state: dict) -> list[Entry]:
+        """The user entries of a message: itself and its edits submitted as new messages
+        (among the newest entries; an older message was answered long ago)."""
+        page = await self.store.entries_page(conversation_id, limit=SAID_TAIL)
+        said = [e for e in page if e.kind == "user" and e.task_id
+                and ((e.data or {}).get("slack") or {}).get("ts") == ev.ts
+                and ((e.data or {}).get("slack") or {}).get("channel") == ev.channel]
+        if not said:
+            first = await self.store.entry_of_task(conversation_id, state["task_id"])
+            said = [first] if first is not None and first.kind == "user" else []
+        return said
 
     async def _note(self, ev: Inbound, key: str, ref: str, text: str) -> None:
         await add_history(self.store, channel=CHANNEL, conversation_key=key, messages=[{

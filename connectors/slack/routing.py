@@ -5,6 +5,12 @@ author may talk to Steward. Pure functions over `Inbound` and `SlackConfig`.
     a thread (DM or channel)    slack:<team>:<channel>:<thread_ts> answered in the thread
     a mention at a channel's    slack:<team>:<channel>:<ts>        answered in a new thread
     top level                                                      under the message
+
+Memory scope (who may later see what was said, in search and long-term facts), the same
+rule as the Slack-export importer (bot/importers/_slack.py): a DM with Steward, and every
+thread in it, is private to that person (`private:slack:<team>:<user>`); a channel, a
+private channel or a group DM (mpim) is shared by everyone in it, so each of its threads
+is `channel:<channel id>`, whoever mentioned Steward there.
 """
 
 from __future__ import annotations
@@ -59,5 +65,11 @@ def access(config: SlackConfig, ev: Inbound) -> Access:
 
 
 def owner(ev: Inbound) -> str:
-    """Whose conversation it is (memory is scoped by it)."""
+    """Whose conversation it is: the person in a DM, the one who asked in a channel."""
     return f"slack:{ev.team}:{ev.user}"
+
+
+def scope(ev: Inbound) -> str:
+    """Who may see what is said in the conversation (set when it is created; a stored
+    conversation keeps the scope it was created with)."""
+    return f"private:{owner(ev)}" if ev.is_dm else f"channel:{ev.channel}"

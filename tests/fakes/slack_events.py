@@ -34,8 +34,9 @@ def channel_type_of(channel: str) -> str:
 
 def says(slack: FakeSlack, channel: str, user: str, text: str, *,
          thread_ts: str | None = None, files: list[dict] | None = None,
-         bot_id: str | None = None) -> tuple[dict, dict]:
-    """A user (or bot) posts a message: (the stored message, its `message` event body)."""
+         bot_id: str | None = None, channel_type: str | None = None) -> tuple[dict, dict]:
+    """A user (or bot) posts a message: (the stored message, its `message` event body).
+    `channel_type` when the id does not tell (a group DM, "mpim", is a G… id too)."""
     message: dict = {"user": user, "text": text, "team": TEAM}
     if thread_ts:
         message["thread_ts"] = thread_ts
@@ -46,7 +47,8 @@ def says(slack: FakeSlack, channel: str, user: str, text: str, *,
         message["bot_id"] = bot_id
         message["subtype"] = "bot_message"
     stored = slack.add_message(channel, message)
-    event = {"type": "message", "channel": channel, "channel_type": channel_type_of(channel),
+    event = {"type": "message", "channel": channel,
+             "channel_type": channel_type or channel_type_of(channel),
              "event_ts": stored["ts"], **stored}
     return stored, body_of(event)
 
@@ -76,6 +78,16 @@ def deleted(slack: FakeSlack, channel: str, ts: str) -> dict:
     return body_of({"type": "message", "subtype": "message_deleted", "hidden": True,
                     "channel": channel, "channel_type": channel_type_of(channel), "ts": now,
                     "event_ts": now, "deleted_ts": ts, "previous_message": previous})
+
+
+def tombstoned(slack: FakeSlack, channel: str, ts: str) -> dict:
+    """A message with replies (a thread's parent) deleted: Slack keeps a tombstone in its
+    place and says so with a `message_changed`, not a `message_deleted`."""
+    previous, tombstone = slack.tombstone_message(channel, ts)
+    now = slack.next_ts()
+    return body_of({"type": "message", "subtype": "message_changed", "hidden": True,
+                    "channel": channel, "channel_type": channel_type_of(channel), "ts": now,
+                    "event_ts": now, "message": tombstone, "previous_message": previous})
 
 
 def signed_headers(body: str, *, secret: str = SIGNING_SECRET,

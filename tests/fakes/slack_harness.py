@@ -46,7 +46,9 @@ def echo_model(**kwargs: Any) -> ScriptedModel:
 
 class SlackRig:
     def __init__(self, store: Store, home: Path, slack: FakeSlack, client: Any = None,
-                 **slack_config: Any):
+                 *, tools: list | None = None, run_tasks: bool = True, **slack_config: Any):
+        """`tools`: the agent's tools (default: the built-ins); `run_tasks=False` leaves the
+        runner off until `start_runner()` (events are taken in, nothing is answered)."""
         self.store = store
         self.slack = slack
         self.port = free_port()
@@ -58,20 +60,27 @@ class SlackRig:
         self.client = client or echo_model()
         self.http = httpx.AsyncClient(timeout=30)
         self.deps = AgentDeps(store=store, config=self.config, client=self.client,
-                              toolbox=ToolBox(*builtin_tools()), http=self.http)
+                              toolbox=ToolBox(*(builtin_tools() if tools is None
+                                                else tools)), http=self.http)
         self.connector = build_connectors(self.config, self.deps)[0]
         self.runner = Runner(store, build_registry(self.deps), OPTIONS)
         self.deps.wake = self.runner.wake
         self._serving: asyncio.Task | None = None
+        self._run_tasks = run_tasks
 
     @property
     def events_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/slack/events"
 
     async def __aenter__(self) -> SlackRig:
-        self._serving = asyncio.create_task(self.runner.run())
+        if self._run_tasks:
+            self.start_runner()
         await self.connector.start()
         return self
+
+    def start_runner(self) -> None:
+        assert self._serving is None, "the runner is running already"
+        self._serving = asyncio.create_task(self.runner.run())
 
     async def __aexit__(self, *exc: object) -> None:
         await self.connector.stop()

@@ -69,6 +69,17 @@ class Workspace:
             self.messages[channel].remove(m)
             return m
 
+    def tombstone_message(self, channel: str, ts: str) -> tuple[dict, dict]:
+        """Delete a thread's parent as Slack does: a tombstone stays. (previous, tombstone)"""
+        with self._lock:
+            m = self._find(channel, ts)
+            previous = dict(m)
+            for k in ("user", "text", "files", "edited", "team", "client_msg_id"):
+                m.pop(k, None)
+            m.update(subtype="tombstone", user="USLACKBOT", text="This message was deleted.",
+                     hidden=True)
+            return previous, dict(m)
+
     def add_file(self, name: str, content: bytes, mimetype: str = "text/plain",
                  filetype: str = "text") -> dict:
         file_id = "F" + uuid.uuid4().hex[:10].upper()
