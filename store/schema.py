@@ -16,11 +16,35 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
 )
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL wants 64 bits for years of rows.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+
+class _NoNul:
+    """PostgreSQL text cannot hold a NUL character, and one (in a mail body, a Slack
+    message, an exception text) would make the whole step fail again on every retry. It is
+    stored as U+FFFD on both backends, so they agree."""
+
+    def process_bind_param(self, value, dialect):
+        if isinstance(value, str) and "\x00" in value:
+            return value.replace("\x00", "\ufffd")
+        return value
+
+
+class SafeText(_NoNul, TypeDecorator):
+    impl = Text
+    cache_ok = True
+
+
+class SafeString(_NoNul, TypeDecorator):
+    impl = String
+    cache_ok = True
+
 
 metadata = MetaData()
 
@@ -28,14 +52,14 @@ conversations = Table(
     "conversations",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("key", String(512), nullable=False, unique=True),
-    Column("owner", String(256)),
+    Column("key", SafeString(512), nullable=False, unique=True),
+    Column("owner", SafeString(256)),
     Column("parent_id", BigId, ForeignKey("conversations.id")),
     Column("fork_at", BigInteger),
     Column("last_seq", BigInteger, nullable=False, default=0),
-    Column("meta", Text, nullable=False, default="{}"),
+    Column("meta", SafeText, nullable=False, default="{}"),
     # Who may see it: "private:<person>" or "channel:<id>" (memory never crosses scopes).
-    Column("scope", String(256), nullable=False, default="private:local"),
+    Column("scope", SafeString(256), nullable=False, default="private:local"),
     # Where the model's context starts: the latest compaction's head marker, if any.
     Column("head_seq", BigInteger),
     Column("created_at", Float, nullable=False),
@@ -49,12 +73,12 @@ entries = Table(
     Column("id", BigId, primary_key=True, autoincrement=True),
     Column("conversation_id", BigId, ForeignKey("conversations.id"), nullable=False),
     Column("seq", BigInteger, nullable=False),
-    Column("kind", String(32), nullable=False),
-    Column("author", String(256)),
-    Column("text", Text, nullable=False, default=""),
-    Column("data", Text),
-    Column("ref", String(512)),
-    Column("task_id", String(32)),
+    Column("kind", SafeString(32), nullable=False),
+    Column("author", SafeString(256)),
+    Column("text", SafeText, nullable=False, default=""),
+    Column("data", SafeText),
+    Column("ref", SafeString(512)),
+    Column("task_id", SafeString(32)),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("conversation_id", "seq", name="uq_entries_conversation_seq"),
     Index("ix_entries_task", "task_id"),
@@ -63,21 +87,21 @@ entries = Table(
 tasks = Table(
     "tasks",
     metadata,
-    Column("id", String(32), primary_key=True),
-    Column("kind", String(128), nullable=False),
-    Column("parent_id", String(32), ForeignKey("tasks.id")),
+    Column("id", SafeString(32), primary_key=True),
+    Column("kind", SafeString(128), nullable=False),
+    Column("parent_id", SafeString(32), ForeignKey("tasks.id")),
     Column("conversation_id", BigId, ForeignKey("conversations.id")),
-    Column("state", String(16), nullable=False),
-    Column("phase", String(64), nullable=False, default=""),
-    Column("inputs", Text, nullable=False),
-    Column("checkpoint", Text),
-    Column("result", Text),
-    Column("error", Text),
-    Column("idem_key", String(128)),
-    Column("dedupe_key", String(512), unique=True),
+    Column("state", SafeString(16), nullable=False),
+    Column("phase", SafeString(64), nullable=False, default=""),
+    Column("inputs", SafeText, nullable=False),
+    Column("checkpoint", SafeText),
+    Column("result", SafeText),
+    Column("error", SafeText),
+    Column("idem_key", SafeString(128)),
+    Column("dedupe_key", SafeString(512), unique=True),
     Column("attempts", Integer, nullable=False, default=0),
-    Column("wait_mode", String(16)),
-    Column("lease_owner", String(128)),
+    Column("wait_mode", SafeString(16)),
+    Column("lease_owner", SafeString(128)),
     Column("lease_expires", Float),
     Column("run_after", Float, nullable=False, default=0.0),
     Column("created_at", Float, nullable=False),
@@ -91,13 +115,13 @@ submissions = Table(
     "submissions",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("channel", String(64), nullable=False),
-    Column("external_id", String(512), nullable=False),
+    Column("channel", SafeString(64), nullable=False),
+    Column("external_id", SafeString(512), nullable=False),
     Column("conversation_id", BigId, ForeignKey("conversations.id")),
-    Column("task_id", String(32)),
-    Column("state", String(16), nullable=False),
-    Column("reason", Text),
-    Column("payload", Text),
+    Column("task_id", SafeString(32)),
+    Column("state", SafeString(16), nullable=False),
+    Column("reason", SafeText),
+    Column("payload", SafeText),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("channel", "external_id", name="uq_submissions_channel_external"),
 )
@@ -106,10 +130,10 @@ documents = Table(
     "documents",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("namespace", String(512), nullable=False),
-    Column("name", String(256), nullable=False),
-    Column("history", String(16), nullable=False),
-    Column("fork_policy", String(16), nullable=False),
+    Column("namespace", SafeString(512), nullable=False),
+    Column("name", SafeString(256), nullable=False),
+    Column("history", SafeString(16), nullable=False),
+    Column("fork_policy", SafeString(16), nullable=False),
     Column("version", Integer, nullable=False, default=0),
     # A fork's copy: positions before fork_at are read from the document it came from.
     Column("forked_from", BigId, ForeignKey("documents.id")),
@@ -124,11 +148,11 @@ document_versions = Table(
     metadata,
     Column("document_id", BigId, ForeignKey("documents.id"), primary_key=True),
     Column("version", Integer, primary_key=True),
-    Column("base", Text),
-    Column("ops", Text),
+    Column("base", SafeText),
+    Column("ops", SafeText),
     Column("conversation_id", BigId),
     Column("at_seq", BigInteger),
-    Column("task_id", String(32)),
+    Column("task_id", SafeString(32)),
     Column("created_at", Float, nullable=False),
 )
 
@@ -136,17 +160,17 @@ usage = Table(
     "usage",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("task_id", String(32)),
+    Column("task_id", SafeString(32)),
     Column("conversation_id", BigId),
-    Column("provider", String(64), nullable=False),
-    Column("model", String(256), nullable=False),
+    Column("provider", SafeString(64), nullable=False),
+    Column("model", SafeString(256), nullable=False),
     Column("input_tokens", Integer, nullable=False, default=0),
     Column("output_tokens", Integer, nullable=False, default=0),
     Column("cache_read_tokens", Integer, nullable=False, default=0),
     Column("cache_write_tokens", Integer, nullable=False, default=0),
     Column("cost_usd", Float, nullable=False, default=0.0),
     Column("ok", Boolean, nullable=False),
-    Column("error", Text),
+    Column("error", SafeText),
     Column("created_at", Float, nullable=False),
     Index("ix_usage_created", "created_at"),
     Index("ix_usage_conversation", "conversation_id", "id"),
@@ -155,16 +179,16 @@ usage = Table(
 schedules = Table(
     "schedules",
     metadata,
-    Column("id", String(32), primary_key=True),
+    Column("id", SafeString(32), primary_key=True),
     Column("conversation_id", BigId, ForeignKey("conversations.id")),
-    Column("owner", String(256)),
-    Column("name", String(256), nullable=False),
-    Column("prompt", Text, nullable=False),
-    Column("trigger", Text, nullable=False),  # JSON: {"kind": "date"|"interval"|"cron", ...}
-    Column("timezone", String(64), nullable=False),
-    Column("deliver", Text, nullable=False),  # JSON: {"channel": ..., "reply_to": {...}}
-    Column("catchup", String(16), nullable=False),  # "latest" | "all" | "skip"
-    Column("state", String(16), nullable=False),  # "active" | "paused" | "done" | "cancelled"
+    Column("owner", SafeString(256)),
+    Column("name", SafeString(256), nullable=False),
+    Column("prompt", SafeText, nullable=False),
+    Column("trigger", SafeText, nullable=False),  # JSON: {"kind": "date"|"interval"|"cron", ...}
+    Column("timezone", SafeString(64), nullable=False),
+    Column("deliver", SafeText, nullable=False),  # JSON: {"channel": ..., "reply_to": {...}}
+    Column("catchup", SafeString(16), nullable=False),  # "latest" | "all" | "skip"
+    Column("state", SafeString(16), nullable=False),  # "active" | "paused" | "done" | "cancelled"
     Column("next_fire_at", Float),
     Column("last_fire_at", Float),
     Column("fired", Integer, nullable=False, default=0),

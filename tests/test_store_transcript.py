@@ -519,3 +519,19 @@ async def test_a_delivery_reserves_its_key_and_is_created_once(store):
     other = fresh.deliver("reply", {"text": "hello"})
     await store.commit(fresh)
     assert (await store.get_task(other)).idem_key  # a key is reserved even when not given
+
+
+async def test_a_nul_character_is_stored_as_a_replacement_on_every_backend(store):
+    # PostgreSQL text refuses NUL; a mail or a message carrying one must not fail its step
+    # forever (and block what comes after it).
+    conv = await store.ensure_conversation("email:<nul\x00@x>")
+    w = Writes()
+    w.submit("email", "<id\x00@x>", conversation_id=conv.id)
+    w.append(conv.id, "user", "before\x00after", author="a\x00b", ref="r\x00")
+    task_id = w.spawn("echo", {"text": "in\x00puts"}, conversation_id=conv.id)
+    assert not (await store.commit(w)).duplicate
+    [entry] = await store.entries_page(conv.id, limit=10)
+    assert (entry.text, entry.author, entry.ref) == ("before\ufffdafter", "a\ufffdb", "r\ufffd")
+    assert (await store.get_task(task_id)).inputs == {"text": "in\x00puts"}  # JSON escapes it
+    assert await store.submission_state("email", "<id\x00@x>") is not None
+    assert (await store.get_conversation("email:<nul\x00@x>")).id == conv.id
