@@ -15,6 +15,7 @@ from bot.runtime import (
     Runner,
     RunnerOptions,
     TaskDef,
+    Unavailable,
     Wait,
 )
 from store import BLOCKED, DONE, FAILED, PENDING, RUNNING, WAITING, Writes, open_store
@@ -322,3 +323,53 @@ async def test_an_effect_whose_service_stays_down_is_dead_lettered_after_the_out
     task = await store.get_task(task_id)
     assert task.state == FAILED and "dead-lettered after 6 attempts" in task.error
     assert flaky.calls == 6  # outage_attempts, not max_attempts, and not forever
+
+
+class Poster(Effect):
+    """An unsafe post whose service drops the connection after taking the post, then
+    stays down for a while, so even looking (reconcile) fails for a few tries."""
+
+    kind = "poster"
+    policy = Policy.UNSAFE
+
+    def __init__(self, *, lost_after_post: bool, down_for: int):
+        self.lost_after_post = lost_after_post
+        self.down_for = down_for  # failed reconcile tries before the service answers
+        self.posted = 0
+        self.looks = 0
+
+    async def perform(self, ctx):
+        self.tries = getattr(self, "tries", 0) + 1
+        if self.tries == 1:
+            if self.lost_after_post:
+                self.posted += 1
+                raise Unavailable("connection reset after the request was sent")
+            raise Unavailable("connection refused")
+        self.posted += 1
+        return "posted"
+
+    async def reconcile(self, ctx):
+        self.looks += 1
+        if self.looks <= self.down_for:
+            raise Unavailable("still down")
+        return (True, "found") if self.posted else (False, None)
+
+
+async def test_an_outage_in_doubt_is_reconciled_once_the_service_is_back(store):
+    # More failed tries than max_attempts (3) but within outage_attempts (6): the post
+    # that went through is found, never sent again, and nothing is dead-lettered.
+    poster = Poster(lost_after_post=True, down_for=4)
+    task_id = await spawn(store, "poster", {})
+    await run_all(store, poster)
+    task = await store.get_task(task_id)
+    assert (task.state, task.result) == (DONE, "found")
+    assert poster.posted == 1 and poster.looks == 5
+
+
+async def test_an_outage_before_the_post_is_looked_at_then_posted_once(store):
+    poster = Poster(lost_after_post=False, down_for=2)
+    task_id = await spawn(store, "poster", {})
+    await run_all(store, poster)
+    task = await store.get_task(task_id)
+    assert (task.state, task.result) == (DONE, "posted")
+    assert poster.posted == 1 and poster.looks == 3

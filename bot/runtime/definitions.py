@@ -29,6 +29,12 @@ class NotPerformed(Exception):
     say): retried with backoff for up to `outage_attempts` tries, even when unsafe."""
 
 
+class Unavailable(Exception):
+    """Raised by an effect (or its `reconcile`) when the service it needs is down and it
+    cannot tell whether the effect happened: retried with backoff for up to
+    `outage_attempts` tries, and an unsafe effect is reconciled again first."""
+
+
 class TaskDef(ABC):
     kind: ClassVar[str]
 
@@ -95,7 +101,7 @@ class Effect(TaskDef):
     async def _perform(self, ctx: TaskContext, policy: Policy) -> Outcome:
         try:
             result = await self.perform(ctx)
-        except NotPerformed:
+        except (NotPerformed, Unavailable):
             raise
         except Exception as exc:
             if policy is Policy.UNSAFE:

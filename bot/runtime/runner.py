@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from bot.runtime.context import TaskContext
-from bot.runtime.definitions import NotPerformed, Registry
+from bot.runtime.definitions import NotPerformed, Registry, Unavailable
 from bot.runtime.killpoints import kill_point
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
 from store import (
@@ -190,7 +190,7 @@ class Runner:
             await self._commit(ctx, self._update(
                 ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
             return
-        outage = (task.error or "").startswith(NotPerformed.__name__)
+        outage = (task.error or "").startswith((NotPerformed.__name__, Unavailable.__name__))
         limit = self.options.outage_attempts if outage else self.options.max_attempts
         if task.attempts > limit:
             await self._commit(ctx, self._update(
@@ -257,10 +257,12 @@ class Runner:
         task = ctx.task
         error = f"{type(exc).__name__}: {exc}"
         log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
-                    error, exc_info=not isinstance(exc, NotPerformed))
+                    error, exc_info=not isinstance(exc, NotPerformed | Unavailable))
         checkpoint, limit = ctx.checkpoint, self.options.max_attempts
         if isinstance(exc, NotPerformed):  # certainly nothing happened: no reconciling later
             checkpoint = {**(checkpoint or {}), "not_performed": True}
+            limit = self.options.outage_attempts
+        elif isinstance(exc, Unavailable):  # in doubt: the checkpoint keeps the doubt
             limit = self.options.outage_attempts
         ctx.writes = Writes()  # the failed phase's writes are dropped
         if attempt >= limit:
