@@ -160,9 +160,14 @@ async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
         {"kind": "cron", "expr": "0 8 * * mon"}, "slack", TZ)
     assert "plants" in await call(action="list")
     await call(action="change", schedule_id=s.id, every_minutes=90)
-    assert (await store.get_schedule(s.id)).trigger == {"kind": "interval", "seconds": 5400}
+    changed = await store.get_schedule(s.id)
+    assert {k: changed.trigger[k] for k in ("kind", "seconds")} == {"kind": "interval",
+                                                                     "seconds": 5400}
+    assert (changed.conversation_id, changed.deliver) == (s.conversation_id, s.deliver)
     assert await call(action="cancel", schedule_id=s.id) == "Cancelled 'plants'."
     assert (await store.get_schedule(s.id)).state == "cancelled"
+    assert "is cancelled" in await call(action="change", schedule_id=s.id, every_minutes=5)
+    assert (await store.get_schedule(s.id)).state == "cancelled"  # not brought back
     assert await call(action="list") == "No active schedules here."
     assert (await call(action="create", name="x", prompt="y", at="2020-01-01T09:00")
             ).startswith("error: that time has already passed")
@@ -180,6 +185,58 @@ async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     origin["channel"] = "cli"
     assert "slack_dm works from a Slack conversation" in (await call(
         action="create", name="p", prompt="q", cron="0 7 * * *", deliver_to="slack_dm"))
+
+
+async def test_a_changed_interval_fires_where_the_tool_said(store, deps, monkeypatch):
+    # The tool computes the first fire when the interval is set; the scheduler re-creates
+    # the trigger at every occurrence: both must count from the same start.
+    conv = await store.ensure_conversation("cli:interval")
+    t0 = ts(2026, 3, 2, 9, 0)
+    monkeypatch.setattr("bot.scheduler.tool.time.time", lambda: t0)
+
+    async def call(**arguments):
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
+                          http=deps.http, timezone=TZ, origin={"channel": "cli"})
+        result = await schedule_tool.run(ctx, arguments)
+        await store.commit(ctx.writes)
+        return result.content
+
+    await call(action="create", name="stretch", prompt="Stretch.", every_minutes=60)
+    [s] = await store.list_schedules()
+    assert s.next_fire_at == t0 + 3600
+    t0 += 25 * 60  # changed 25 minutes later: every 90 minutes from now
+    await call(action="change", schedule_id=s.id, every_minutes=90)
+    s = await store.get_schedule(s.id)
+    assert s.next_fire_at == t0 + 90 * 60
+    fires = []
+    clock = Clock(s.next_fire_at)
+    scheduler = Scheduler(deps, clock=clock)
+    for _ in range(3):
+        assert await scheduler.fire_due() == 1
+        fires.append(clock.t)
+        clock.t = (await store.get_schedule(s.id)).next_fire_at
+    assert [b - a for a, b in zip(fires, fires[1:], strict=False)] == [90 * 60] * 2
+    assert fires[0] == t0 + 90 * 60
+
+
+async def test_schedules_are_touched_only_by_whoever_made_them(store, deps):
+    ana = await store.ensure_conversation("slack:T:D1", owner="slack:T:U1")
+    bob = await store.ensure_conversation("slack:T:D2", owner="slack:T:U2")
+
+    async def call(conv, **arguments):
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
+                          http=deps.http, timezone=TZ, origin={"channel": "cli"})
+        result = await schedule_tool.run(ctx, arguments)
+        await store.commit(ctx.writes)
+        return result.content
+
+    await call(ana, action="create", name="pills", prompt="Pills.", cron="0 8 * * *")
+    [s] = await store.list_schedules()
+    assert s.owner == "slack:T:U1"
+    assert await call(bob, action="cancel", schedule_id=s.id) == f"error: no schedule {s.id}"
+    assert "error" in await call(bob, action="change", schedule_id=s.id, cron="0 9 * * *")
+    assert (await store.get_schedule(s.id)).state == "active"
+    assert await call(ana, action="cancel", schedule_id=s.id) == "Cancelled 'pills'."
 
 
 async def test_the_agent_schedules_through_its_tool(store, deps, tmp_path):

@@ -3,6 +3,7 @@
 Its only effect is a store write that lands with the tool's result, so it is `safe`."""
 
 import time
+from datetime import timedelta
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -76,24 +77,64 @@ async def schedule(
         target = await _target(ctx, deliver_to, email, name)
         if isinstance(target, str):
             return target
-        return _save(ctx, new_id(), name, prompt, _spec(at, every_minutes, cron),
-                     timezone or ctx.timezone, deliver=target)
+        try:
+            spec = _spec(at, every_minutes, cron)
+        except TriggerError as exc:
+            return f"error: {exc}"
+        # Answers delivered elsewhere run in a conversation of their own.
+        return _save(ctx, new_id(), name, prompt, spec, timezone or ctx.timezone, target,
+                     conversation_id=ctx.conversation_id if target.get("here") else None,
+                     owner=await _caller(ctx))
     if not schedule_id:
         return f"error: {action} needs `schedule_id` (use action 'list' to find it)"
     try:
         current = await store.get_schedule(schedule_id)
     except NotFound:
         return f"error: no schedule {schedule_id}"
+    if not await _may_touch(ctx, current):
+        return f"error: no schedule {schedule_id}"  # someone else's: not even its existence
+    if current.state != "active":
+        return f"error: {current.name!r} is {current.state}; create a new schedule instead"
     if action == "cancel":
         ctx.writes.save_schedule(ScheduleWrite(
             current.id, current.name, current.prompt, current.trigger, current.timezone,
             current.deliver, None, current.conversation_id, current.owner, current.catchup,
             "cancelled"))
         return f"Cancelled {current.name!r}."
-    spec = current.trigger if (at, every_minutes, cron) == (None, None, None) else \
-        _spec(at, every_minutes, cron)
+    if (at, every_minutes, cron) == (None, None, None):
+        spec = _anchored(current.trigger, from_ts(current.created_at, current.timezone))
+    else:
+        try:
+            spec = _spec(at, every_minutes, cron)
+        except TriggerError as exc:
+            return f"error: {exc}"
+    # A change keeps where it lives, whose it is and where its answers go.
     return _save(ctx, current.id, name or current.name, prompt or current.prompt, spec,
-                 timezone or current.timezone, deliver=current.deliver)
+                 timezone or current.timezone, current.deliver,
+                 conversation_id=current.conversation_id, owner=current.owner,
+                 catchup=current.catchup)
+
+
+async def _caller(ctx: ToolContext) -> str | None:
+    if ctx.conversation_id is None:
+        return None
+    return (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
+
+
+async def _may_touch(ctx: ToolContext, s: Schedule) -> bool:
+    """Only from the conversation that made it, or by the person who made it."""
+    if s.conversation_id is not None and s.conversation_id == ctx.conversation_id:
+        return True
+    return s.owner == await _caller(ctx)
+
+
+def _anchored(spec: dict, base) -> dict:
+    """An interval counts from a start written into the trigger, so the scheduler (which
+    re-creates the trigger at every occurrence) and this tool agree on the phase."""
+    if spec.get("kind") != "interval" or spec.get("start"):
+        return spec
+    start = base + timedelta(seconds=float(spec.get("seconds", 0)))
+    return {**spec, "start": start.isoformat(timespec="seconds")}
 
 
 async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
@@ -120,21 +161,19 @@ async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
 
 
 def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,
-          timezone: str, *, deliver: dict | None = None) -> str:
+          timezone: str, deliver: dict, *, conversation_id: int | None, owner: str | None,
+          catchup: str = "latest") -> str:
     try:
         ZoneInfo(timezone)
         now = from_ts(time.time(), timezone)
+        spec = _anchored(spec, now)
         trigger = make_trigger(spec, timezone, created=now)
     except (TriggerError, ZoneInfoNotFoundError, ValueError) as exc:
         return f"error: {exc}"
     first = first_fire(trigger, now)
     if first is None or first < now:
         return "error: that time has already passed"
-    deliver = deliver or {"channel": ctx.origin.get("channel") or "cli",
-                          "reply_to": ctx.origin.get("reply_to") or {}, "here": True}
-    # Answers delivered elsewhere run in a conversation of their own.
-    conversation_id = ctx.conversation_id if deliver.get("here") else None
     ctx.writes.save_schedule(ScheduleWrite(schedule_id, name, prompt, spec, timezone, deliver,
-                                           first.timestamp(), conversation_id))
+                                           first.timestamp(), conversation_id, owner, catchup))
     return f"Scheduled {name!r} ({schedule_id}); first at " \
            f"{first.strftime('%a %d %b %Y %H:%M %Z')}."
