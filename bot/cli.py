@@ -28,7 +28,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--home", help="data directory (env STEWARD_HOME)")
     p.add_argument("--config", help="config file (env STEWARD_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The same options after the command (`steward log KEY --home H`); SUPPRESS keeps a
+    # value given before the command when they are not repeated after it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    subparsers = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    class sub:  # noqa: N801 - reads like the subparsers object it wraps
+        @staticmethod
+        def add_parser(name, **kw):
+            return subparsers.add_parser(name, parents=[common], **kw)
 
     sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
     sub.add_parser("resume", help="finish all interrupted or pending work, then exit")
@@ -85,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """ISO-8601 in UTC, as the JSONL import format and search results have it."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 def _emit(rows: list[dict], as_json: bool, columns: list[str]) -> None:
@@ -149,7 +162,8 @@ async def _log(config: Config, args) -> int:
     async with app.opened_store(config) as store:
         conv = await store.get_conversation(args.key)
         page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
-    rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "author": e.author,
+    rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "role": e.kind,
+             "author": e.author,
              "text": e.text, "ts": _ts(e.created_at), "ref": e.ref, "data": e.data}
             for e in page]
     if args.json:

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+from datetime import datetime
 
 import pytest
 
@@ -70,7 +71,18 @@ async def test_inspection_commands(home):
 
     code, out, err = await steward(home, "log", "cli:demo", "--json", "--limit", "2")
     assert code == 0, err
-    assert [json.loads(line)["text"] for line in out.splitlines()] == ["message 4", "message 5"]
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == ["message 4", "message 5"]
+    assert rows[0]["role"] == "user"
+    assert datetime.fromisoformat(rows[0]["ts"]).tzinfo is not None  # ISO-8601, as import
+    # global options may also follow the command
+    elsewhere = home.parent / "elsewhere"
+    code, out, err = await steward(home, "log", "cli:demo", "--home", str(home.parent),
+                                   env=steward_env(elsewhere))
+    assert code == 2 or "no conversation" in err.lower() or "not found" in err.lower(), err
+    code, out, err = await steward(home, "log", "cli:demo", "--limit", "1", "--home", str(home),
+                                   env=steward_env(elsewhere))
+    assert code == 0 and "message 5" in out, err
     code, out, _ = await steward(home, "log", "cli:demo", "--before", "3")
     assert [line.split()[0] for line in out.splitlines()] == ["[1]", "[2]"]
 
@@ -155,7 +167,7 @@ async def test_schedules_listing(home):
     assert code == 0, err
     [row] = [json.loads(line) for line in out.splitlines()]
     assert (row["name"], row["session"], row["next"]) == ("plants", "cli:plans",
-                                                          "2100-01-01 00:00:00")
+                                                          "2100-01-01T00:00:00+00:00")
     code, out, _ = await steward(home, "schedules", "--all", "--json")
     assert len(out.splitlines()) == 2
 
