@@ -4,6 +4,7 @@ published (streamed partials, then the delivered answer)."""
 import asyncio
 import contextlib
 import sys
+from datetime import UTC, datetime
 from typing import TextIO
 
 from bot.agent.events import Event
@@ -12,6 +13,7 @@ from bot.app import App
 from store import TERMINAL, new_id
 
 POLL = 0.05
+RESUME_HORIZON = 60.0  # seconds: `resume` waits for retries due this soon
 
 
 class Renderer:
@@ -115,7 +117,8 @@ async def resume(app: App, out: TextIO = sys.stdout) -> int:
     """Finish what is ready or interrupted; answers for the terminal are printed with
     their session."""
     queue = app.deps.events.subscribe()
-    await app.runner.run(until_idle=True)
+    # Retries a minute away are waited for; an outage's longer backoff is left to `run`.
+    await app.runner.run(until_idle=True, horizon=RESUME_HORIZON)
     while not queue.empty():
         event = queue.get_nowait()
         if event.kind == "final":
@@ -123,5 +126,9 @@ async def resume(app: App, out: TextIO = sys.stdout) -> int:
     counts = await app.store.count_tasks()
     out.write("tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")
               + "\n")
+    due = await app.store.next_due()
+    if due is not None:
+        at = datetime.fromtimestamp(due, UTC).isoformat(timespec="seconds")
+        out.write(f"the next retry is due at {at}: `steward run` (or resume then) takes it\n")
     out.flush()
     return 0

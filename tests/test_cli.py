@@ -5,11 +5,15 @@ import json
 import os
 import signal
 import sys
+import time
 from datetime import datetime
 
 import pytest
+from sqlalchemy import update
 
+from bot.agent.inbox import submit_message
 from store import Writes, conversation_namespace, open_store
+from store.schema import tasks
 
 
 def steward_env(home, **extra):
@@ -223,3 +227,20 @@ async def test_import_twice_adds_nothing_the_second_time(home):
     code, out, _ = await steward(home, "search", "roof", "--json")
     [hit] = [json.loads(line) for line in out.splitlines()]
     assert (hit["session"], hit["author"], hit["ts"][:10]) == ("cli:old", "ana", "2024-03-01")
+
+
+async def test_resume_waits_for_a_retry_due_shortly(home):
+    # A turn whose last attempt failed is due again in 8 seconds: `resume` finishes it
+    # instead of exiting with the work still pending.
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    accepted = await submit_message(store, channel="cli", external_ids=["later"],
+                                    conversation_key="cli:later", text="answer me later",
+                                    author="you")
+    async with store._engines.write.begin() as conn:
+        await conn.execute(update(tasks).where(tasks.c.id == accepted.turn_id)
+                           .values(run_after=time.time() + 8, attempts=1))
+    await store.close()
+    code, out, err = await steward(home, "resume")
+    assert code == 0, err
+    assert "[cli:later]" in out and "answer me later" in out
+    assert "pending" not in out

@@ -87,15 +87,16 @@ class Runner:
         self._stopping = True
         self._wake.set()
 
-    async def run(self, *, until_idle: bool = False) -> None:
-        """Run until `stop()` (or, with `until_idle`, until no task is ready or running)."""
+    async def run(self, *, until_idle: bool = False, horizon: float | None = None) -> None:
+        """Run until `stop()` (or, with `until_idle`, until no task is ready or running and
+        none is due within `horizon` seconds: a few polls unless given)."""
         renewer = asyncio.create_task(self._renew_leases())
         try:
             while not self._stopping:
                 self._wake.clear()
                 claimed = await self._claim()
                 if until_idle and not claimed and not self._inflight:
-                    if not await self._anything_due_soon():
+                    if not await self._anything_due_soon(horizon):
                         break
                 await self._sleep(busy=bool(claimed))
         finally:
@@ -135,9 +136,10 @@ class Runner:
         self._inflight.pop(task_id, None)
         self._wake.set()
 
-    async def _anything_due_soon(self) -> bool:
+    async def _anything_due_soon(self, horizon: float | None) -> bool:
         due = await self.store.next_due()
-        return due is not None and due - time.time() <= self.options.poll_seconds * 5
+        horizon = self.options.poll_seconds * 5 if horizon is None else horizon
+        return due is not None and due - time.time() <= horizon
 
     async def _sleep(self, *, busy: bool) -> None:
         timeout = self.options.poll_seconds
