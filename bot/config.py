@@ -106,6 +106,24 @@ class LLMConfig(_Section):
     api_key_env: str = ""
     context_window: int = Field(128_000, gt=0)
     max_output_tokens: int = Field(4096, gt=0)
+    # USD per million tokens, for the usage ledger's cost (0 = not priced). Cache reads and
+    # writes cost the input price unless given.
+    input_price_per_mtok: float = Field(0.0, ge=0)
+    output_price_per_mtok: float = Field(0.0, ge=0)
+    cache_read_price_per_mtok: float | None = Field(None, ge=0)
+    cache_write_price_per_mtok: float | None = Field(None, ge=0)
+
+    def cost_usd(self, usage) -> float:
+        """What a call cost by these prices. `input_tokens` counts the whole prompt, cached
+        parts included (both clients report it so)."""
+        read = self.input_price_per_mtok if self.cache_read_price_per_mtok is None \
+            else self.cache_read_price_per_mtok
+        write = self.input_price_per_mtok if self.cache_write_price_per_mtok is None \
+            else self.cache_write_price_per_mtok
+        fresh = max(0, usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens)
+        return (fresh * self.input_price_per_mtok + usage.cache_read_tokens * read
+                + usage.cache_write_tokens * write
+                + usage.output_tokens * self.output_price_per_mtok) / 1e6
 
 
 class SlackConfig(_Section):

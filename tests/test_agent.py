@@ -14,7 +14,7 @@ from bot.config import build_config
 from bot.llm.errors import AuthError, RateLimited
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
-from bot.llm.types import Response, ToolCall
+from bot.llm.types import Response, ToolCall, Usage
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox, builtin_tools
 from connectors.terminal import TerminalChannel
@@ -31,9 +31,9 @@ def todo_call(item: str, call_id: str = "c1") -> Response:
 
 
 class Agent:
-    def __init__(self, store, client, tmp_path, **agent_config):
+    def __init__(self, store, client, tmp_path, llm=None, **agent_config):
         self.store = store
-        self.config = build_config({"agent": agent_config,
+        self.config = build_config({"agent": agent_config, "llm": llm or {},
                                     "runtime": {"retry_base_seconds": 0.01,
                                                 "retry_max_seconds": 0.02}}, home=tmp_path)
         self.http = httpx.AsyncClient()
@@ -190,6 +190,26 @@ async def test_every_attempt_goes_to_the_ledger(make_agent):
                                    .order_by(usage.c.id))).all()
     assert [r.ok for r in rows] == [False, True]
     assert "slow down" in rows[0].error
+
+
+async def test_the_ledger_prices_each_call(make_agent):
+    usage = Usage(input_tokens=2000, output_tokens=500, cache_read_tokens=1000)
+    model = ScriptedModel([Response(text="hi", usage=usage),
+                           Response(text="again", usage=usage.model_copy(
+                               update={"cost_usd": 0.5}))])
+    agent = make_agent(model, llm={"input_price_per_mtok": 2.0, "output_price_per_mtok": 10.0,
+                                   "cache_read_price_per_mtok": 0.5})
+    await agent.say("hello")
+    await agent.run()
+    await agent.say("more")
+    await agent.run()
+    async with agent.store._engines.read.connect() as conn:
+        from sqlalchemy import select
+
+        from store.schema import usage as ledger
+        costs = (await conn.execute(select(ledger.c.cost_usd).order_by(ledger.c.id))).scalars()
+    # 1000 fresh x 2 + 1000 cached x 0.5 + 500 out x 10, per million; then the provider's
+    assert list(costs) == [pytest.approx(0.0075), 0.5]
 
 
 async def test_auth_error_is_told_to_the_user_with_the_env_var(make_agent):

@@ -130,6 +130,22 @@ async def test_usage_is_parsed(wire, server, http):
     assert usage == Usage(input_tokens=whole, output_tokens=34, cache_read_tokens=1000)
 
 
+async def test_a_cost_reported_by_the_provider_is_kept(server, http):
+    server.responder = lambda _b, _w: Reply(text="ok", usage=(100, 10), cost=0.00042)
+    usage = (await client_for("openai", server, http).stream(ask())).usage
+    assert usage.cost_usd == 0.00042
+
+
+def test_cost_from_configured_prices():
+    llm = LLMConfig(input_price_per_mtok=3.0, output_price_per_mtok=15.0,
+                    cache_read_price_per_mtok=0.3)
+    usage = Usage(input_tokens=1_000_000, output_tokens=100_000, cache_read_tokens=400_000,
+                  cache_write_tokens=100_000)
+    # fresh 500k x 3 + read 400k x 0.3 + write 100k x 3 (input price) + out 100k x 15
+    assert llm.cost_usd(usage) == pytest.approx(1.5 + 0.12 + 0.3 + 1.5)
+    assert LLMConfig().cost_usd(usage) == 0.0  # not priced
+
+
 @WIRES
 async def test_rate_limit_honours_retry_after(wire, server, http):
     limited = Reply(status=429, headers={"Retry-After": "7"})

@@ -84,6 +84,8 @@ class LLMCall(Effect):
                 output_tokens=usage.output_tokens if usage else 0,
                 cache_read_tokens=usage.cache_read_tokens if usage else 0,
                 cache_write_tokens=usage.cache_write_tokens if usage else 0,
+                cost_usd=0.0 if usage is None else usage.cost_usd
+                if usage.cost_usd is not None else self.deps.config.llm.cost_usd(usage),
                 ok=error is None, error=None if error is None else f"{type(error).__name__}: "
                 f"{error}", task_id=ctx.task.id, conversation_id=conv_id)
             if error is None:

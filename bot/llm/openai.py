@@ -179,4 +179,5 @@ def _usage(raw: dict[str, Any]) -> Usage:
         input_tokens=raw.get("prompt_tokens") or 0,
         output_tokens=raw.get("completion_tokens") or 0,
         cache_read_tokens=details.get("cached_tokens") or 0,
+        cost_usd=raw["cost"] if isinstance(raw.get("cost"), int | float) else None,
     )

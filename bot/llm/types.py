@@ -42,6 +42,7 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    cost_usd: float | None = None  # when the provider says what the call cost (OpenRouter)
 
 
 class Response(BaseModel):

@@ -34,6 +34,7 @@ class Reply:
     cut_after: int | None = None  # close after N events, before the terminal ones
     usage: tuple[int, int] = (11, 7)  # (input, output) tokens
     cache_read: int = 0
+    cost: float | None = None  # OpenRouter-style usage.cost (OpenAI wire only)
     stream_error: dict | None = None  # an error event sent in place of the ending
     model: str = "fake-model"
 
@@ -233,7 +234,8 @@ def _openai_events(reply: Reply) -> Iterator[str]:
                       "model": reply.model, "choices": [], "usage": {
                           "prompt_tokens": reply.usage[0], "completion_tokens": reply.usage[1],
                           "total_tokens": sum(reply.usage),
-                          "prompt_tokens_details": {"cached_tokens": reply.cache_read}}})
+                          "prompt_tokens_details": {"cached_tokens": reply.cache_read},
+                          **({} if reply.cost is None else {"cost": reply.cost})}})
     yield _sse(None, "[DONE]")
 
 
