@@ -361,6 +361,14 @@ class Store:
 
     # -- search ------------------------------------------------------------------------
 
+    async def shared_scopes_of(self, owner: str) -> list[str]:
+        """The shared scopes (channels) in which `owner` has talked with Steward: what that
+        person may also search from their private conversations."""
+        async with self._engines.read.connect() as conn:
+            rows = await conn.execute(select(conversations.c.scope).distinct().where(
+                conversations.c.owner == owner, conversations.c.scope.like("channel:%")))
+            return sorted(r[0] for r in rows)
+
     async def search(self, query: str, *, scopes: list[str] | None = None,
                      conversation_key: str | None = None, limit: int = 10, offset: int = 0,
                      context: int = 1, at: float | None = None) -> list:

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from bot.runtime import Policy
 from bot.tools import ToolContext, tool
-from store import Entry, Hit, open_store
+from store import Conversation, Entry, Hit, Store, open_store
 from store.search import parse_query
 
 __all__ = ["MAX_LIMIT", "hit_json", "render_hits", "search_command", "search_history"]
@@ -88,6 +88,16 @@ def render_hits(hits: list[Hit], query: str, *, page: int, limit: int, zone: tzi
     return "\n".join(lines)
 
 
+async def visible_scopes(store: Store, conversation: Conversation) -> list[str]:
+    """What a search from this conversation may see: its own scope; from a person's private
+    conversation, also the channels where that person talked with Steward (never the
+    other way round: a channel's search does not reach anyone's private scope)."""
+    scopes = [conversation.scope]
+    if conversation.scope.startswith("private:") and conversation.owner:
+        scopes += await store.shared_scopes_of(conversation.owner)
+    return scopes
+
+
 @tool(policy=Policy.SAFE)
 async def search_history(
     ctx: ToolContext,
@@ -103,8 +113,8 @@ async def search_history(
     if ctx.conversation_id is None:
         return "error: search_history needs a conversation"
     conversation = await ctx.store.get_conversation_by_id(ctx.conversation_id)
-    hits = await ctx.store.search(query, scopes=[conversation.scope], limit=limit,
-                                  offset=(page - 1) * limit)
+    hits = await ctx.store.search(query, scopes=await visible_scopes(ctx.store, conversation),
+                                  limit=limit, offset=(page - 1) * limit)
     return render_hits(hits, query, page=page, limit=limit, zone=await _zone(ctx.timezone))
 
 
