@@ -3,6 +3,7 @@ published (streamed partials, then the delivered answer)."""
 
 import asyncio
 import contextlib
+import shutil
 import sys
 from datetime import UTC, datetime
 from typing import TextIO
@@ -17,29 +18,50 @@ RESUME_HORIZON = 60.0  # seconds: `resume` waits for retries due this soon
 
 
 class Renderer:
-    """Writes one conversation's stream to a terminal: each partial adds what is new; a
-    restarted stream starts a fresh line; the final answer completes the line."""
+    """Writes one conversation's stream so that it ends up showing each answer once.
 
-    def __init__(self, out: TextIO):
+    On a terminal, partials stream in; when a stream restarts (a retry, or a crash resumed)
+    the fragment shown so far is erased before the new text starts. Anywhere else (a pipe,
+    a file) partials cannot be taken back, so only final answers are written."""
+
+    def __init__(self, out: TextIO, live: bool | None = None):
         self.out = out
+        self.live = _is_terminal(out) if live is None else live
         self.shown = ""
 
     def show(self, event: Event) -> None:
         if event.kind == "retry":
-            if self.shown:
-                self.out.write("\n")
-            self.shown = ""
-        elif event.kind in ("partial", "final"):
+            self._erase()
+        elif event.kind == "partial" and self.live:
             text = event.data["text"]
             if not text.startswith(self.shown):
-                self.out.write("\n")
-                self.shown = ""
+                self._erase()
             self.out.write(text[len(self.shown):])
             self.shown = text
-            if event.kind == "final":
-                self.out.write("\n")
-                self.shown = ""
+        elif event.kind == "final":
+            text = event.data["text"]
+            if not text.startswith(self.shown):
+                self._erase()
+            self.out.write(text[len(self.shown):] + "\n")
+            self.shown = ""
         self.out.flush()
+
+    def _erase(self) -> None:
+        """Take the shown fragment off the screen: to the start of its first line, then
+        clear to the end of the screen."""
+        if not self.shown:
+            return
+        width = max(1, shutil.get_terminal_size().columns)
+        rows = sum(max(1, -(-len(line) // width)) for line in self.shown.split("\n"))
+        self.out.write("\r" + (f"\x1b[{rows - 1}F" if rows > 1 else "") + "\x1b[J")
+        self.shown = ""
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 async def wait_for_turn(app: App, turn_id: str, out: TextIO, conversation_id: int) -> dict:

@@ -1,6 +1,7 @@
 """The `steward` command as a user runs it: real subprocesses, a temporary home."""
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -11,9 +12,12 @@ from datetime import datetime
 import pytest
 from sqlalchemy import update
 
+from bot.agent.events import Event
 from bot.agent.inbox import submit_message
+from bot.chat import Renderer
 from store import Writes, conversation_namespace, open_store
 from store.schema import tasks
+from tests.fakes.llm_server import FakeLLMServer, Reply, replies
 
 
 def steward_env(home, **extra):
@@ -244,3 +248,37 @@ async def test_resume_waits_for_a_retry_due_shortly(home):
     assert code == 0, err
     assert "[cli:later]" in out and "answer me later" in out
     assert "pending" not in out
+
+
+def test_the_terminal_erases_a_cut_off_fragment_and_a_pipe_gets_only_answers():
+    def events(*items):
+        return [Event(1, kind, {"text": text} if text is not None else {})
+                for kind, text in items]
+
+    stream = events(("partial", "The roof"), ("partial", "The roof is fi"), ("retry", None),
+                    ("partial", "The roof"), ("final", "The roof is fine."))
+    tty = io.StringIO()
+    renderer = Renderer(tty, live=True)
+    for e in stream:
+        renderer.show(e)
+    # the fragment is written, then erased (back to its line's start, clear to the end)
+    assert tty.getvalue() == "The roof is fi\r\x1b[JThe roof is fine.\n"
+    pipe = io.StringIO()
+    renderer = Renderer(pipe, live=False)
+    for e in stream:
+        renderer.show(e)
+    assert pipe.getvalue() == "The roof is fine.\n"
+
+
+async def test_ask_through_a_cut_stream_prints_one_complete_answer(home):
+    cut = Reply(text="A long and careful answer about the roof.", chunk_chars=3, cut_after=4)
+    whole = Reply(text="A long and careful answer about the roof.", chunk_chars=3)
+    with FakeLLMServer(replies(cut, whole)) as llm:
+        (home / "config.toml").write_text(
+            f'[llm]\nprovider = "openai"\nbase_url = "{llm.url}/v1"\nmodel = "m"\n'
+            '[runtime]\nretry_base_seconds = 0.01\nretry_max_seconds = 0.02\n')
+        code, out, err = await steward(home, "ask", "how is the roof?",
+                                       env=steward_env(home, STEWARD_CONFIG=str(
+                                           home / "config.toml")))
+    assert code == 0, err
+    assert out == "A long and careful answer about the roof.\n"
