@@ -19,6 +19,7 @@ from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import choose_cut, compaction_due
 from bot.memory.facts import FACT_TOOLS, facts_for
+from bot.memory.recall import recall
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox
 from connectors.terminal import TerminalChannel
@@ -103,14 +104,36 @@ async def test_the_cut_falls_before_a_user_message_never_between_a_call_and_its_
 
 
 async def test_history_is_compacted_in_the_background_and_stays_on_disk(harness, store):
-    model = ScriptedModel(summarizing())
+    summarised = []
+
+    async def reply(request):
+        if "running summary" not in request.messages[0].content:
+            return Response(text="noted")
+        # In the background, the turn that started the compaction answers without it: the
+        # summary is only written once no turn is active. (A turn waiting for its summary
+        # would never end, and the summary would fail.)
+        deadline = time.monotonic() + 20
+        while await store.list_tasks(kind="turn", active=True, limit=1):
+            if time.monotonic() > deadline:
+                raise ServerError("a turn is waiting for this summary")
+            await asyncio.sleep(0.01)
+        summarised.append(request)
+        return Response(text="SUMMARY: the user talked about many things.")
+
+    model = ScriptedModel(reply)
     h = harness(model)
     for n in range(40):
         await h.say(f"message number {n}: " + "words " * 30)
     conv = await store.get_conversation("cli:m")
     assert conv.head_seq, "a head marker was set"
     compactions = await store.list_tasks(kind="compact", state=DONE)
-    assert compactions
+    assert compactions and len(summarised) == len(compactions)
+    assert not await store.list_tasks(kind="compact", state=FAILED)
+    # each ran as a task of its own: no turn spawned it as a child or waited for it
+    assert all(t.parent_id is None for t in compactions)
+    turns = await store.list_tasks(kind="turn", limit=100)
+    assert len(turns) == 40
+    assert not any((t.checkpoint or {}).get("compacted") for t in turns)
     [marker] = await store.entries_page(conv.id, after=conv.head_seq - 1, limit=1)
     assert marker.kind == "compaction" and marker.text.startswith("SUMMARY")
     # the model now gets the summary and the recent tail, not the old messages...
@@ -273,3 +296,33 @@ async def test_a_turn_on_a_huge_history_assembles_a_correct_window(harness, stor
     assert request.messages[-2].content == f"entry {n} of a long history"
     seqs = [int(m.content.split()[1]) for m in request.messages[1:-1]]
     assert seqs == list(range(seqs[0], n + 1)) and len(seqs) < 500
+
+
+async def test_a_fork_recalls_neither_its_parents_later_history_nor_its_siblings(store):
+    """`steward context cli:p@3`: a fork at entry 3 must not be shown what the parent said
+    after entry 3, nor what another fork of it said; its own past (the parent up to the
+    fork point) and other conversations of the same scope are still recalled."""
+    parent = await store.ensure_conversation("cli:p")
+    await append(store, parent.id, [("user", "the zebra4412 locker is near the pool", None),
+                                    ("assistant", "noted", None),
+                                    ("user", "thanks", None),
+                                    ("assistant", "welcome", None),
+                                    ("user", "something else entirely", None),
+                                    ("user", "the zebra4412 code changed to 9911", None)])
+    fork = await store.fork("cli:p", "cli:p@3", at_seq=3)
+    sibling = await store.fork("cli:p", "cli:p@3b", at_seq=3)
+    await append(store, sibling.id, [("user", "in the sibling zebra4412 means a bike", None)])
+    other = await store.ensure_conversation("cli:other")
+    await append(store, other.id, [("user", "at work zebra4412 is the wifi name", None)])
+
+    found = await recall(store, fork, "what about zebra4412?", in_window=set())
+    assert "near the pool" in found  # its own past, via the parent up to the fork point
+    assert "wifi name" in found  # another conversation of the scope
+    assert "9911" not in found and "bike" not in found
+    # a fork's entries are another branch for the parent too
+    w = Writes()
+    w.append(parent.id, "compaction", "SUMMARY", data={"cut_seq": 6}, head=True)
+    await store.commit(w)
+    parent = await store.get_conversation("cli:p")
+    found = await recall(store, parent, "what about zebra4412?", in_window=set())
+    assert "9911" in found and "wifi name" in found and "bike" not in found

@@ -46,6 +46,7 @@ class Window:
     last_seq: int  # the conversation's position when read
     chars: int = 0
     complete: bool = True  # False: older entries after the cut did not fit the budget
+    gap: int = 0  # when not complete: the size of the newest entry that did not fit
 
 
 async def head_of(store: Store, conversation: Conversation) -> tuple[str | None, int]:
@@ -79,7 +80,8 @@ async def read_window(store: Store, conversation: Conversation, budget_chars: in
             if entry.kind not in SPOKEN or entry.seq in withdrawn:
                 continue
             if used + entry_chars(entry) > budget_chars and picked:
-                return Window(summary, cut, picked[::-1], conversation.last_seq, used, False)
+                return Window(summary, cut, picked[::-1], conversation.last_seq, used, False,
+                              entry_chars(entry))
             used += entry_chars(entry)
             picked.append(entry)
         if len(page) < PAGE:
@@ -89,12 +91,15 @@ async def read_window(store: Store, conversation: Conversation, budget_chars: in
 
 class ContextCache:
     """The last window of each active conversation, extended with new entries instead of
-    re-read, and dropped when the conversation goes idle (or the cache is full)."""
+    re-read, and dropped when the conversation goes idle (or the cache is full). A cached
+    window is always the window `read_window` would give: it is read afresh when the head
+    marker moved, or when older entries would fit again (the budget grew, or a message was
+    taken back)."""
 
     def __init__(self, *, max_conversations: int = 64, idle_seconds: float = 600.0):
         self.max = max_conversations
         self.idle = idle_seconds
-        self._windows: OrderedDict[int, tuple[float, int | None, int, Window]] = OrderedDict()
+        self._windows: OrderedDict[int, tuple[float, int | None, Window]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -106,27 +111,30 @@ class ContextCache:
             if now - used_at > self.idle:
                 del self._windows[cid]
         cached = self._windows.pop(conversation.id, None)
+        window = None
         if cached and cached[1] == conversation.head_seq:
-            window = cached[3]
-            if conversation.last_seq > window.last_seq or window.chars > budget_chars:
-                window = await _extend(store, conversation, window, budget_chars)
-        else:
+            window = await _extend(store, conversation, cached[2], budget_chars)
+        if window is None:
             window = await read_window(store, conversation, budget_chars)
-        self._windows[conversation.id] = (now, conversation.head_seq, budget_chars, window)
+        self._windows[conversation.id] = (now, conversation.head_seq, window)
         while len(self._windows) > self.max:
             self._windows.popitem(last=False)
         return window
 
 
 async def _extend(store: Store, conversation: Conversation, window: Window,
-                  budget_chars: int) -> Window:
+                  budget_chars: int) -> Window | None:
+    """`window` brought up to the conversation's newest entries and to the budget, or None
+    when it must be read afresh (older entries than it holds would fit now)."""
     entries, used = list(window.entries), window.chars
     after = window.last_seq
-    while True:
+    while after < conversation.last_seq:
         page = await store.entries_page(conversation.id, after=after, limit=PAGE)
         for entry in page:
             gone = set(withdrawn_by(entry))
             if gone:
+                if not window.complete and min(gone) < (entries[0].seq if entries else 0):
+                    return None  # perhaps the entry that did not fit: read afresh
                 used -= sum(entry_chars(e) for e in entries if e.seq in gone)
                 entries = [e for e in entries if e.seq not in gone]
             if entry.kind in SPOKEN:
@@ -135,12 +143,15 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
         if len(page) < PAGE:
             break
         after = page[-1].seq
-    complete = window.complete
+    complete, gap = window.complete, window.gap
+    if not complete and used + gap <= budget_chars:
+        return None  # room for older entries: read afresh
     while len(entries) > 1 and used > budget_chars:
-        used -= entry_chars(entries.pop(0))
+        gap = entry_chars(entries.pop(0))
+        used -= gap
         complete = False
     return Window(window.summary, window.cut_seq, entries, conversation.last_seq, used,
-                  complete)
+                  complete, gap if not complete else 0)
 
 
 def answer_order(entries: list[Entry]) -> list[Entry]:
