@@ -5,9 +5,11 @@ the cursor across restarts, a UIDVALIDITY change, IDLE and polling."""
 import asyncio
 
 import pytest
+from aioimaplib import aioimaplib
 
 from connectors.email import cursor as cursors
 from connectors.email.channel import SENDING
+from connectors.email.imap import _Client
 from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig, mail
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     Dovecot,
@@ -160,11 +162,31 @@ async def test_idle_picks_up_new_mail_quickly(rigs, account, sink):
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
-async def test_idle_is_reissued_and_keeps_working(rigs, account, sink):
+async def test_idle_is_reissued_and_keeps_working(rigs, account, sink, monkeypatch):
+    started, clients = [], set()  # each IDLE command sent to the server; on which client
+    idled = asyncio.Event()
+
+    async def idle_start(self, *args, **kwargs):
+        started.append(asyncio.get_running_loop().time())
+        clients.add(id(self))
+        idled.set()
+        return await aioimaplib.IMAP4.idle_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(_Client, "idle_start", idle_start)
     await rigs(idle_seconds=0.3).start()
-    await asyncio.sleep(1.2)  # IDLE ended and began again a few times
+
+    async def reissued(count: int) -> None:
+        while len(started) < count:
+            idled.clear()
+            await idled.wait()
+    await asyncio.wait_for(reissued(4), 10)  # IDLE ended and began again a few times
+    gaps = [b - a for a, b in zip(started, started[1:], strict=False)]
+    assert min(gaps) > 0.2  # each one held for its idle_seconds, not a tight loop
     await account.append(mail(message_id="later@example.com"))
     await sink.wait_for(1, seconds=5)
+    before = len(started)
+    await asyncio.wait_for(reissued(before + 2), 10)  # and it goes on after the mail
+    assert len(clients) == 1  # all on the one connection: re-issued, not reconnected
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic

@@ -1,12 +1,16 @@
 """Reading real mail without a server: charsets, headers, HTML, trimming, attachments,
-threading keys and reply headers."""
+threading keys, reply and new-thread headers, and each RFC 3834 rule on its own."""
 
 import email
 
+import pytest
+
 from bot.channels import Outbound
+from bot.config import EmailConfig
 from connectors.email import headers
 from connectors.email.charsets import decode
 from connectors.email.parse import Unparsable, html_to_text, parse_mail
+from connectors.email.policy import refusal
 from connectors.email.reply import build_reply
 from connectors.email.threads import normalised_subject, reply_subject
 from connectors.email.trim import trim
@@ -103,3 +107,55 @@ def test_subjects_and_reply_headers():
     assert msg["In-Reply-To"] == "<p@x>" and msg["References"] == "<r@x> <p@x>"
     assert msg["Subject"] == "Re: Plan" and msg["Auto-Submitted"] == "auto-replied"
     assert msg["To"] == "Ann <ann@x.com>" and b"\r\n" in data
+
+
+def test_a_message_that_answers_no_mail_starts_a_thread_of_its_own():
+    # What a schedule delivering by email hands over: an address and its name.
+    message = Outbound(key="T2.answer", conversation_key="schedule:s1", conversation_id=4,
+                       text="Your to-dos.", reply_to={"to": "ann@x.com",
+                                                      "subject": "Weekly digest"})
+    message_id, data = build_reply(message, address="bot@steward.test", name="Steward")
+    msg = email.message_from_bytes(data)
+    assert msg["Message-ID"] == f"<{message_id}>" == "<c4.T2.answer@steward.test>"
+    assert msg["Subject"] == "Weekly digest" and msg["Auto-Submitted"] == "auto-generated"
+    assert msg["In-Reply-To"] is None and msg["References"] is None
+    assert msg["To"] == "ann@x.com"
+    nameless = Outbound(key="T3.answer", conversation_key="schedule:s2", conversation_id=5,
+                        text="Hi", reply_to={"to": "ann@x.com", "subject": "  "})
+    assert email.message_from_bytes(build_reply(nameless, address="bot@steward.test",
+                                                name="Steward")[1])["Subject"] == (
+        "A message from Steward")
+    # A reply to mail that had no Message-ID is still a reply.
+    no_id = Outbound(key="T4.answer", conversation_key="email:no-id:x", conversation_id=6,
+                     text="Hi", reply_to={"to": "ann@x.com", "subject": "Lunch",
+                                          "message_id": None, "references": []})
+    msg = email.message_from_bytes(build_reply(no_id, address="bot@steward.test",
+                                               name="Steward")[1])
+    assert msg["Subject"] == "Re: Lunch" and msg["Auto-Submitted"] == "auto-replied"
+
+
+EVERYONE = EmailConfig(address="steward@example.com", allow_everyone=True)
+
+
+@pytest.mark.parametrize(("extra", "sender", "reason"), [
+    ("Return-Path: <>\n", "ann@example.com", "empty return path (a bounce)"),
+    ("Return-Path: < >\n", "ann@example.com", "empty return path (a bounce)"),
+    ("", "MAILER-DAEMON@example.com", "automated sender mailer-daemon@example.com"),
+    ("", "postmaster@example.com", "automated sender postmaster@example.com"),
+    ("", "Steward@Example.com", "mail from Steward's own address"),
+    ("Auto-Submitted: auto-generated\n", "ann@example.com", "Auto-Submitted: auto-generated"),
+    ("Precedence: junk\n", "ann@example.com", "Precedence: junk"),
+    ("List-Post: <mailto:l@x>\n", "ann@example.com", "mailing-list mail (List-Post)"),
+    ("X-Autoreply: yes\n", "ann@example.com", "automatic reply (X-Autoreply)"),
+    ("Content-Type: multipart/report; boundary=b\n", "ann@example.com",
+     "delivery or read report"),
+])
+def test_each_rfc_3834_rule_refuses_on_its_own(extra, sender, reason):
+    raw = f"{extra}From: {sender}\nTo: steward@example.com\nSubject: x\n\nbody\n"
+    assert refusal(parse(raw), EVERYONE) == reason
+
+
+def test_ordinary_mail_passes_when_everyone_is_allowed():
+    for extra in ["", "Auto-Submitted: no\n", "Return-Path: <ann@example.com>\n"]:
+        raw = f"{extra}From: ann@example.com\nSubject: x\n\nbody\n"
+        assert refusal(parse(raw), EVERYONE) is None, extra

@@ -154,6 +154,16 @@ class ImapSession:
         return Selected(int(validity.group(1)), int(uidnext.group(1)) if uidnext else 0,
                         int(exists.group(1)) if exists else 0)
 
+    async def noop(self) -> None:
+        _check(await self.client.noop(), "NOOP")
+
+    async def exists(self, mailbox: str) -> bool:
+        """Whether the mailbox exists (LIST finds it)."""
+        name = mailbox_name(mailbox)
+        response = _check(await self.client.list('""', name), "LIST")
+        return any(isinstance(line, bytes) and line.startswith(b"(")
+                   for line in response.lines[:-1])
+
     async def search(self, *criteria: str) -> list[int]:
         response = _check(await self.client.uid_search(*criteria, charset=None), "SEARCH")
         uids = []

@@ -71,11 +71,13 @@ class Intake:
         cursors.save(w, self.config.address, self.config.mailbox, cursor)
         await self.store.commit(w)
 
-    async def unreadable(self, cursor: cursors.Cursor, uid: int, reason: str):
-        """Quarantine message `uid` without reading it (too large, no body returned)."""
+    async def unreadable(self, cursor: cursors.Cursor, uid: int, reason: str, *,
+                         raw: bytes = b""):
+        """Quarantine message `uid` without taking it (too large, no body returned, failed
+        every try); `raw`, if it was fetched, is kept in part with the reason."""
         moved = cursor.past(uid)
         imap_id = f"imap:{cursor.uidvalidity}:{uid}"
-        return await self._quarantine(moved, imap_id, b"", reason), moved
+        return await self._quarantine(moved, imap_id, raw, reason), moved
 
     async def _parse(self, raw: bytes) -> tuple[Mail, str]:
         def work():

@@ -45,7 +45,7 @@ def automatic(mail: Mail) -> str | None:
         if headers.raw(msg, name) is not None:
             return f"automatic reply ({name})"
     return_path = headers.all_raw(msg, "Return-Path")
-    if return_path and return_path[0].strip() in ("<>", ""):
+    if return_path and "".join(return_path[0].split()) in ("<>", ""):
         return "empty return path (a bounce)"
     if DAEMONS.match(mail.sender.split("@")[0]):
         return f"automated sender {mail.sender}"

@@ -1,13 +1,23 @@
-"""The reply as it goes out: threaded (In-Reply-To, the full References chain, one "Re:"),
-marked `Auto-Submitted: auto-replied` (RFC 3834) and carrying a Message-ID derived from
-the delivery's idempotency key, so it exists before the send and is the same on every try.
-The id also carries the conversation id: a client that keeps only In-Reply-To still lands
-its answer in the right thread."""
+"""The message as it goes out, with a Message-ID derived from the delivery's idempotency
+key, so it exists before the send and is the same on every try. The id also carries the
+conversation id: a client that keeps only In-Reply-To still lands its answer in the right
+thread.
+
+Two kinds, told apart by what the delivery carries in `reply_to`:
+
+- a reply to a mail Steward took in (its `reply_to` names that mail: the key `message_id`
+  is there, None for mail that had no Message-ID): threaded with In-Reply-To and the full
+  References chain, one "Re:", `Auto-Submitted: auto-replied` (RFC 3834);
+- anything else (a scheduled message sent to an address: `{"to", "subject"}`): a new
+  thread with its own subject, no In-Reply-To or References, and `Auto-Submitted:
+  auto-generated`, since it answers nothing.
+"""
 
 import re
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import formataddr, formatdate
+from typing import Any
 
 from bot.channels import Outbound
 from connectors.email.threads import reply_subject
@@ -15,6 +25,7 @@ from connectors.email.threads import reply_subject
 # CRLF, folded only past RFC 5322's hard limit: a short line limit folds References before
 # its first id, which some clients read as an empty header.
 POLICY = SMTP.clone(max_line_length=998)
+MAX_SUBJECT = 200
 
 
 def reply_message_id(message: Outbound, address: str) -> str:
@@ -24,6 +35,17 @@ def reply_message_id(message: Outbound, address: str) -> str:
     return f"c{message.conversation_id}.{key}@{domain}"
 
 
+def answers_a_mail(reply_to: dict[str, Any]) -> bool:
+    """Whether the delivery answers a mail (the intake records which one, even when it had
+    no Message-ID), rather than starting a thread of its own."""
+    return "message_id" in reply_to or bool(reply_to.get("references"))
+
+
+def new_thread_subject(subject: str | None, name: str) -> str:
+    subject = " ".join((subject or "").split())
+    return subject[:MAX_SUBJECT] or f"A message from {name}"
+
+
 def build_reply(message: Outbound, *, address: str, name: str) -> tuple[str, bytes]:
     """(Message-ID, the bytes to send and to keep in Sent)."""
     to = message.reply_to
@@ -31,16 +53,21 @@ def build_reply(message: Outbound, *, address: str, name: str) -> tuple[str, byt
     msg = EmailMessage(policy=POLICY)
     msg["From"] = formataddr((name, address))
     msg["To"] = formataddr((to.get("to_name") or "", to["to"]))
-    msg["Subject"] = reply_subject(to.get("subject") or "")
+    reply = answers_a_mail(to)
+    msg["Subject"] = (reply_subject(to.get("subject") or "") if reply
+                      else new_thread_subject(to.get("subject"), name))
     msg["Date"] = formatdate(usegmt=True)
     msg["Message-ID"] = f"<{message_id}>"
-    parent = to.get("message_id")
-    chain = [r for r in to.get("references") or [] if r != parent]
-    if parent:
-        msg["In-Reply-To"] = f"<{parent}>"
-        chain.append(parent)
-    if chain:
-        msg["References"] = " ".join(f"<{r}>" for r in chain)
-    msg["Auto-Submitted"] = "auto-replied"
+    if reply:
+        parent = to.get("message_id")
+        chain = [r for r in to.get("references") or [] if r != parent]
+        if parent:
+            msg["In-Reply-To"] = f"<{parent}>"
+            chain.append(parent)
+        if chain:
+            msg["References"] = " ".join(f"<{r}>" for r in chain)
+        msg["Auto-Submitted"] = "auto-replied"
+    else:
+        msg["Auto-Submitted"] = "auto-generated"
     msg.set_content(message.text or "(empty answer)")
     return message_id, msg.as_bytes()

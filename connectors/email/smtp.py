@@ -1,8 +1,10 @@
 """Sending one message over SMTP with aiosmtplib (`ssl`, `starttls` or `none`), in two
 steps around a hook: the envelope is accepted first, then `before_data()` runs (the channel
-journals the reply in Sent there), then DATA. Failures say whether the message may have
-gone out: `NotSent` (certainly not: nothing was accepted, or the server refused the data)
-or `InDoubt` (the connection died while the server was taking the data)."""
+journals the reply in Sent there), then a NOOP checks the server is still there (the hook
+takes a while), then DATA. Failures say whether the message may have gone out: `NotSent`
+(certainly not: nothing was accepted, the connection was gone before DATA, or the server
+refused the data) or `InDoubt` (the connection died while the server was taking the
+data)."""
 
 import ssl
 from collections.abc import Awaitable, Callable
@@ -42,6 +44,11 @@ async def send(config: EmailConfig, password: str | None, *, sender: str,
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
         await before_data()
+        try:
+            await client.noop()
+        except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
+            raise NotSent(f"the connection was lost before DATA: {type(exc).__name__}: "
+                          f"{exc}") from exc
         try:
             response = await client.data(data)
         except aiosmtplib.SMTPResponseException as exc:

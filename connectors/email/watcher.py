@@ -6,6 +6,18 @@ past the cursor, so it is taken on start.
 The very first start takes the newest unread mail as its backlog (older mail is left alone);
 a changed UIDVALIDITY takes again everything that arrived since shortly before the cursor
 last moved: what was taken before is recognised by its Message-ID and not answered twice.
+
+A message that fails on its own (the server refuses its FETCH, the store refuses what it
+became, a bug) is tried again a few times with a growing pause, then quarantined with the
+reason and passed, so it never blocks the mail after it. Failures are told apart from an
+outage by looking: after an error that is not a lost connection, the IMAP session and the
+store are probed, and if either is down the error is the outage's (reconnect, retry, not
+counted against the message). A lost connection while a message is fetched counts: a
+server that is down fails at connect or SELECT and never gets that far, while one that
+drops the connection on the same message every time would otherwise block the mailbox.
+The count is kept in memory: messages are taken strictly in UID order and the first one
+that fails stops the pass, so only one message can be failing at a time; a restart gives
+it a fresh set of tries, which costs seconds, not mail.
 """
 
 import asyncio
@@ -25,7 +37,37 @@ RESYNC_BACKLOG = 5000
 MAX_BACKOFF = 300.0
 
 
+class MessageFailed(Exception):
+    """Taking one message failed; the watcher reconnects and tries it again."""
+
+    def __init__(self, uid: int, attempts: int, cause: BaseException):
+        super().__init__(f"message {uid} failed (attempt {attempts}): {_describe(cause)}")
+        self.uid, self.attempts, self.cause = uid, attempts, cause
+
+
+class _Failures:
+    """How often the message the watcher is stuck on has failed: one (UIDVALIDITY, UID),
+    since the first failure stops the pass."""
+
+    def __init__(self):
+        self.at: tuple[int, int] | None = None
+        self.count = 0
+
+    def note(self, uidvalidity: int, uid: int) -> int:
+        if self.at != (uidvalidity, uid):
+            self.at, self.count = (uidvalidity, uid), 0
+        self.count += 1
+        return self.count
+
+    def clear(self) -> None:
+        self.at, self.count = None, 0
+
+
 class Watcher:
+    reconnect_seconds = 1.0  # first pause before reconnecting, doubled up to MAX_BACKOFF
+    message_attempts = 5  # tries of a message that fails on its own before its quarantine
+    message_retry_seconds = 1.0  # pause after its first failure, doubled after each
+
     def __init__(self, intake: Intake, open_session, *, mailbox: str, idle_seconds: float,
                  poll_seconds: float, max_message_bytes: int):
         self.intake = intake
@@ -35,15 +77,24 @@ class Watcher:
         self.poll_seconds = poll_seconds
         self.max_message_bytes = max_message_bytes
         self.connected = asyncio.Event()  # set while a session is up (tests wait on it)
+        self._failures = _Failures()
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 1.0
+        backoff = self.reconnect_seconds
         while not stop.is_set():
+            delay = None  # the reconnect backoff, unless a message failed
             try:
                 async with self.open_session() as imap:
                     self.connected.set()
-                    backoff = 1.0
+                    backoff = self.reconnect_seconds
                     await self._serve(imap, stop)
+            except MessageFailed as exc:
+                delay = min(MAX_BACKOFF,
+                            self.message_retry_seconds * 2 ** (exc.attempts - 1))
+                log.warning("email: message %d of %s failed (attempt %d of %d): %s; trying "
+                            "it again in %.1f s", exc.uid, self.mailbox, exc.attempts,
+                            self.message_attempts, _describe(exc.cause), delay,
+                            exc_info=exc.cause if exc.attempts == 1 else None)
             except (*CONNECTION_ERRORS, ImapError) as exc:
                 log.warning("email: IMAP %s; reconnecting in %.0f s", _describe(exc), backoff)
             except Exception:
@@ -53,10 +104,11 @@ class Watcher:
             if stop.is_set():
                 return
             try:
-                await asyncio.wait_for(stop.wait(), backoff)
+                await asyncio.wait_for(stop.wait(), backoff if delay is None else delay)
             except TimeoutError:
                 pass
-            backoff = min(MAX_BACKOFF, backoff * 2)
+            if delay is None:
+                backoff = min(MAX_BACKOFF, backoff * 2)
 
     async def _serve(self, imap: ImapSession, stop: asyncio.Event) -> None:
         selected = await imap.select(self.mailbox)
@@ -81,19 +133,56 @@ class Watcher:
         for uid in pending:
             if stop.is_set():
                 return
-            size = sizes.get(uid, 0)
+            cursor = await self._take(imap, cursor, uid, sizes.get(uid, 0))
+
+    async def _take(self, imap: ImapSession, cursor: cursors.Cursor, uid: int,
+                    size: int) -> cursors.Cursor:
+        """Take one message; returns the cursor past it. A failure of this message is
+        retried (`MessageFailed`) and, once it has failed `message_attempts` times,
+        quarantined; an outage found by the probe is raised as it is."""
+        raw: bytes | None = None
+        fetching = False  # a lost connection while fetching counts against the message
+        try:
             if size > self.max_message_bytes:
                 _, cursor = await self.intake.unreadable(
                     cursor, uid, f"message of {size} bytes is larger than the "
                     f"{self.max_message_bytes}-byte limit")
-                continue
-            raw = await imap.fetch(uid)
-            if raw is None and uid in await imap.search("UID", str(uid)):
-                # There, but its body did not come back: say so rather than skip it silently.
-                _, cursor = await self.intake.unreadable(
-                    cursor, uid, "the server returned no body for the message")
-                continue
-            _, cursor = await self.intake.take(cursor, uid, raw)
+            else:
+                fetching = True
+                raw = await imap.fetch(uid)
+                no_body = raw is None and uid in await imap.search("UID", str(uid))
+                fetching = False
+                if no_body:
+                    # There, but its body did not come back: say so, do not skip it silently.
+                    _, cursor = await self.intake.unreadable(
+                        cursor, uid, "the server returned no body for the message")
+                else:
+                    _, cursor = await self.intake.take(cursor, uid, raw)
+        except Exception as exc:
+            if not (fetching and isinstance(exc, CONNECTION_ERRORS)):
+                await self._probe(imap)  # raises if the server or the store is down
+            attempts = self._failures.note(cursor.uidvalidity, uid)
+            if attempts < self.message_attempts:
+                raise MessageFailed(uid, attempts, exc) from exc
+            reason = f"could not be taken in {attempts} attempts: {_describe(exc)}"
+            log.error("email: message %d of %s %s; quarantining it", uid, self.mailbox, reason)
+            cursor = await self._quarantine(cursor, uid, reason, raw)
+        self._failures.clear()
+        return cursor
+
+    async def _probe(self, imap: ImapSession) -> None:
+        """Raise if the IMAP session or the store does not answer."""
+        await imap.noop()
+        await cursors.load(self.intake.store, self.intake.config.address, self.mailbox)
+
+    async def _quarantine(self, cursor: cursors.Cursor, uid: int, reason: str,
+                          raw: bytes | None) -> cursors.Cursor:
+        if raw:
+            try:
+                return (await self.intake.unreadable(cursor, uid, reason, raw=raw))[1]
+            except Exception:  # what the message became may be the trouble: record less
+                log.exception("email: quarantining message %d with its head failed", uid)
+        return (await self.intake.unreadable(cursor, uid, reason))[1]
 
     async def _start_cursor(self, imap: ImapSession, selected: Selected,
                             old: cursors.Cursor | None) -> cursors.Cursor:

@@ -75,9 +75,13 @@ class Rig:
         self.deps.wake = self.runner.wake
         self._serving: asyncio.Task | None = None
 
-    async def start(self, *, connected: bool = True) -> Rig:
+    async def start(self, *, connected: bool = True, watch: bool = True) -> Rig:
+        """Start the runner and (unless `watch` is False: only the channel then) the
+        connector's mailbox watcher."""
         await self.runner.recover(steal_all=True)
         self._serving = asyncio.create_task(self.runner.run())
+        if not watch:
+            return self
         await self.connector.start()
         if connected:
             await asyncio.wait_for(self.connector.watcher.connected.wait(), 10)
