@@ -5,6 +5,7 @@ StoreError
  +-- CorruptRow         a stored value could not be decoded; carries table and id
  +-- DocumentError      a document could not be read or written
  |    +-- DocumentCorrupt   an op in the stored history no longer applies
+ |    +-- DocumentConflict  an edit was made against a version that is no longer the newest
  +-- NotFound           a conversation, task or document that does not exist
 """
 
@@ -35,6 +36,22 @@ class DocumentError(StoreError):
 
 class DocumentCorrupt(DocumentError):
     pass
+
+
+class DocumentConflict(DocumentError):
+    """Optimistic concurrency: the edit's ops were made against version `expected` of the
+    document, but another step has committed since (`found` is the newest version now).
+    The whole step is refused; whoever made it reads the document again and redoes it (a
+    task's phase does so as a failed attempt, retried by the runner)."""
+
+    def __init__(self, namespace: str, name: str, expected: int, found: int):
+        super().__init__(f"document {name!r} in {namespace!r} moved on while it was being "
+                         f"edited: the edit was made against version {expected}, the newest "
+                         f"is {found}; read it again and redo the edit")
+        self.namespace = namespace
+        self.name = name
+        self.expected = expected
+        self.found = found
 
 
 class NotFound(StoreError):

@@ -58,6 +58,9 @@ class DocumentWrite:
     history: str
     fork_policy: str
     conversation_id: int | None = None
+    # The version the ops were made against: the commit refuses the whole step
+    # (`DocumentConflict`) if the document has moved on since. None: apply to the newest.
+    base_version: int | None = None
 
 
 @dataclass
@@ -177,14 +180,20 @@ class Writes:
 
     def edit_document(self, namespace: str, name: str, ops: list[dict], *, initial: Any = None,
                       history: str = "rewindable", fork_policy: str = "as_of",
-                      conversation_id: int | None = None) -> None:
+                      conversation_id: int | None = None,
+                      base_version: int | None = None) -> None:
+        """Edit a document with `ops`. With `base_version` (the version read, 0 for a
+        document that does not exist yet) the edit is optimistic: if another step changed
+        the document since, the commit raises `DocumentConflict` and writes nothing; read
+        again and redo the edit. Ops that address list items by position need it: a
+        position is only meaningful in the version it was read from."""
         if history not in HISTORY_POLICIES:
             raise ValueError(f"history must be one of {HISTORY_POLICIES}, not {history!r}")
         if fork_policy not in FORK_POLICIES:
             raise ValueError(f"fork_policy must be one of {FORK_POLICIES}, not {fork_policy!r}")
         self.documents.append(DocumentWrite(namespace, name, list(ops),
                                             {} if initial is None else initial, history,
-                                            fork_policy, conversation_id))
+                                            fork_policy, conversation_id, base_version))
 
     def record_usage(self, record: UsageRecord) -> None:
         self.usage.append(record)

@@ -93,7 +93,8 @@ async def test_turn_with_a_tool_round(make_agent):
     ns = conversation_namespace(log[0].conversation_id)
     assert (await agent.store.read_document(ns, "todo", as_of_seq=1)).value == {"items": []}
     doc = await agent.store.read_document(ns, "todo", as_of_seq=2)
-    assert (doc.value, doc.at_seq) == ({"items": [{"text": "buy milk", "done": False}]}, 2)
+    assert (doc.value, doc.at_seq) == (
+        {"items": [{"id": 1, "text": "buy milk", "done": False}], "next_id": 2}, 2)
     assert (await agent.store.usage_totals())["calls"] == 2
 
 

@@ -1,6 +1,7 @@
 """Stored documents: as-of reads across base snapshots, history and fork policies, corrupt
 history kept to its own document. Every test runs on SQLite and PostgreSQL."""
 
+import asyncio
 import random
 
 import pytest
@@ -16,6 +17,7 @@ from store import (
 )
 from store.documents.draft import Draft
 from store.documents.versions import BASE_EVERY
+from store.errors import DocumentConflict, DocumentError
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -298,3 +300,60 @@ async def test_read_document_of_a_missing_document_raises_not_found(store):
         await store.read_document(conversation_namespace(conv.id), "other")
     with pytest.raises(NotFound):
         await store.read_document(conversation_namespace(conv.id), "doc", version=7)
+
+
+# --- optimistic concurrency: an edit names the version it was made against ------------------
+
+
+async def entry_count(store, conv) -> int:
+    return len(await store.entries_page(conv.id, limit=100))
+
+
+async def test_an_edit_made_against_an_old_version_is_refused_with_the_whole_step(store):
+    conv = await store.ensure_conversation("cli:cas")
+    ns = conversation_namespace(conv.id)
+    # A document that does not exist yet is version 0 (its initial value).
+    assert await edit(store, conv, "doc", set_op("a", 1), base_version=0) == 1
+    assert await edit(store, conv, "doc", set_op("a", 2), base_version=1) == 2
+    before = await entry_count(store, conv)
+    with pytest.raises(DocumentConflict) as caught:
+        await edit(store, conv, "doc", set_op("a", 3), base_version=1)  # made against v1
+    assert isinstance(caught.value, DocumentError) and isinstance(caught.value, StoreError)
+    assert (caught.value.expected, caught.value.found) == (1, 2)
+    assert "moved on" in str(caught.value) and "'doc'" in str(caught.value)
+    # Nothing of the refused step landed: not the edit, not its entry.
+    read = await store.read_document(ns, "doc")
+    assert (read.version, read.value) == (2, {"a": 2})
+    assert await entry_count(store, conv) == before
+    # A new document refuses an edit that expected it to exist already.
+    with pytest.raises(DocumentConflict):
+        await edit(store, conv, "fresh", set_op("a", 1), base_version=3)
+    with pytest.raises(NotFound):
+        await store.read_document(ns, "fresh")
+    # Without a base version an edit applies to whatever is current (as before).
+    assert await edit(store, conv, "doc", set_op("a", 4)) == 3
+
+
+async def test_parallel_edits_from_one_base_version_land_exactly_once(store):
+    conv = await store.ensure_conversation("cli:cas-race")
+    ns = conversation_namespace(conv.id)
+    await edit(store, conv, "list", [{"op": "set", "path": ["items"], "value": list("abcd")}])
+
+    async def remove(index: int):
+        base = await store.read_document(ns, "list")
+        draft = Draft(base.value)
+        del draft.root["items"][index]
+        w = Writes()
+        w.edit_document(ns, "list", draft.ops, base_version=base.version,
+                        conversation_id=conv.id)
+        return await store.commit(w)
+
+    outcomes = await asyncio.gather(*(remove(i) for i in range(4)), return_exceptions=True)
+    won = [o for o in outcomes if not isinstance(o, BaseException)]
+    lost = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(o, DocumentConflict) for o in lost), lost
+    assert len(won) >= 1 and len(won) + len(lost) == 4
+    # Each edit that landed was applied to the very value it was made against.
+    read = await store.read_document(ns, "list")
+    assert read.version == 1 + len(won)
+    assert len(read.value["items"]) == 4 - len(won)

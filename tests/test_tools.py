@@ -2,6 +2,7 @@
 the built-ins (the clock, http_get against a real local server, the to-do list on both
 store backends)."""
 
+import asyncio
 import json
 import re
 import threading
@@ -15,6 +16,9 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
+from bot.llm.scripted import ScriptedModel
+from bot.llm.types import Response, ToolCall
+from bot.runtime import Runner
 from bot.runtime.definitions import NotPerformed, Policy
 from bot.tools import (
     Tool,
@@ -27,7 +31,9 @@ from bot.tools import (
 )
 from bot.tools.base import MAX_RESULT_CHARS
 from bot.tools.builtin import current_time, html_to_text, http_get, todo
-from store import NotFound, Writes, conversation_namespace
+from store import DONE, RUNNING, NotFound, Writes, conversation_namespace
+from store.documents import DocumentConflict
+from tests.fakes.agent_rig import RIG_OPTIONS, rig_factory
 
 
 def make_ctx(**overrides) -> ToolContext:
@@ -36,6 +42,12 @@ def make_ctx(**overrides) -> ToolContext:
                   save_partial=None)
     kwargs.update(overrides)
     return ToolContext(**kwargs)
+
+
+@pytest.fixture
+async def make_rig(store, tmp_path):
+    async with rig_factory(store, tmp_path) as make:
+        yield make
 
 
 def titles_in(node) -> list:
@@ -551,20 +563,22 @@ async def test_todo_end_to_end(store, http):
     content, _, documents = await call({"action": "list"})
     assert content == "1. [x] buy milk" and documents == []  # reading writes nothing
 
+    milk = {"id": 1, "text": "buy milk", "done": False}
+    mum = {"id": 2, "text": "call mum", "done": False}
     expected = [
-        [{"text": "buy milk", "done": False}],
-        [{"text": "buy milk", "done": False}, {"text": "call mum", "done": False}],
-        [{"text": "buy milk", "done": True}, {"text": "call mum", "done": False}],
-        [{"text": "buy milk", "done": True}],
+        {"items": [milk], "next_id": 2},
+        {"items": [milk, mum], "next_id": 3},
+        {"items": [{**milk, "done": True}, mum], "next_id": 3},
+        {"items": [{**milk, "done": True}], "next_id": 3},
     ]
-    for (_, seq), items in zip(seen, expected, strict=True):
+    for (_, seq), value in zip(seen, expected, strict=True):
         doc = await store.read_document(ns, "todo", as_of_seq=seq)
-        assert doc.value == {"items": items}
+        assert doc.value == value
         assert doc.at_seq == seq
     before = await store.read_document(ns, "todo", as_of_seq=first_seq)
     assert before.value == {"items": []}
     latest = await store.read_document(ns, "todo")
-    assert latest.value == {"items": expected[-1]}
+    assert latest.value == expected[-1]
 
     # reopen, then a number that does not exist: an error result and no write
     content, _, _ = await call({"action": "reopen", "number": 1})
@@ -572,7 +586,11 @@ async def test_todo_end_to_end(store, http):
     writes = Writes()
     ctx = make_ctx(store=store, http=http, writes=writes, conversation_id=conv.id)
     bad = await todo.run(ctx, {"action": "complete", "number": 9})
-    assert bad.is_error and "between 1 and 1" in bad.content
+    assert bad.is_error and "no item 9" in bad.content and "number is 1" in bad.content
+    gone = await todo.run(ctx, {"action": "remove", "number": 2})  # removed: not reused
+    assert gone.is_error and "no item 2" in gone.content
+    unnamed = await todo.run(ctx, {"action": "remove"})
+    assert unnamed.is_error and "needs `number`" in unnamed.content
     assert not writes
     missing = await todo.run(ctx, {"action": "add"})
     assert missing.is_error and "needs `item`" in missing.content
@@ -588,3 +606,133 @@ async def test_todo_needs_a_conversation_and_starts_empty(store, http):
         await store.read_document(conversation_namespace(conv.id), "todo")
     nowhere = await todo.run(make_ctx(store=store, http=http), {"action": "list"})
     assert nowhere.is_error and "conversation" in nowhere.content
+
+
+# --- to-do items keep their numbers; parallel calls; the runtime's re-run -----------------------
+
+
+async def todo_in(store, conv, arguments: dict) -> tuple[ToolResult, Writes]:
+    writes = Writes()
+    ctx = make_ctx(store=store, writes=writes, conversation_id=conv.id)
+    return await todo.run(ctx, arguments), writes
+
+
+async def test_todo_items_keep_their_numbers_and_numbers_are_never_reused(store):
+    conv = await store.ensure_conversation("cli:ids")
+    for text in ("a", "b", "c"):
+        result, writes = await todo_in(store, conv, {"action": "add", "item": text})
+        await store.commit(writes)
+    result, writes = await todo_in(store, conv, {"action": "remove", "number": 1})
+    await store.commit(writes)
+    assert result.content == "2. [ ] b\n3. [ ] c"  # b is still 2, c still 3
+    result, writes = await todo_in(store, conv, {"action": "remove", "number": 3})
+    await store.commit(writes)
+    result, writes = await todo_in(store, conv, {"action": "add", "item": "d"})
+    await store.commit(writes)
+    assert result.content == "2. [ ] b\n4. [ ] d"  # 3 was given once: d gets 4
+    result, writes = await todo_in(store, conv, {"action": "complete", "number": 4})
+    await store.commit(writes)
+    assert result.content == "2. [ ] b\n4. [x] d"
+    listed, writes = await todo_in(store, conv, {"action": "list"})
+    assert listed.content == result.content and not writes
+
+
+async def test_a_todo_list_from_before_ids_is_numbered_as_it_was_shown(store):
+    conv = await store.ensure_conversation("cli:old-todo")
+    ns = conversation_namespace(conv.id)
+    old = [{"text": "a", "done": False}, {"text": "b", "done": True}, {"text": "c", "done": False}]
+    w = Writes()
+    w.edit_document(ns, "todo", [{"op": "set", "path": ["items"], "value": old}],
+                    initial={"items": []}, conversation_id=conv.id)
+    await store.commit(w)
+    listed, writes = await todo_in(store, conv, {"action": "list"})
+    assert listed.content == "1. [ ] a\n2. [x] b\n3. [ ] c" and not writes  # reading: no write
+    # a no-op on an old list writes nothing either (the ids come with a real change)
+    same, writes = await todo_in(store, conv, {"action": "complete", "number": 2})
+    assert same.content == listed.content and not writes
+    result, writes = await todo_in(store, conv, {"action": "remove", "number": 2})
+    await store.commit(writes)
+    assert result.content == "1. [ ] a\n3. [ ] c"
+    doc = await store.read_document(ns, "todo")
+    assert doc.value == {"items": [{"text": "a", "done": False, "id": 1},
+                                   {"text": "c", "done": False, "id": 3}], "next_id": 4}
+
+
+async def test_a_todo_edit_from_a_stale_version_is_refused_and_its_rerun_is_right(store):
+    conv = await store.ensure_conversation("cli:stale")
+    for text in "abcd":
+        _, writes = await todo_in(store, conv, {"action": "add", "item": text})
+        await store.commit(writes)
+    # two calls at once read the same version
+    first, first_writes = await todo_in(store, conv, {"action": "remove", "number": 1})
+    second, second_writes = await todo_in(store, conv, {"action": "remove", "number": 3})
+    await store.commit(first_writes)
+    with pytest.raises(DocumentConflict):
+        await store.commit(second_writes)  # made against the version before `first`
+    # the runtime runs a safe tool again: it reads the new version, 3 is still c
+    again, again_writes = await todo_in(store, conv, {"action": "remove", "number": 3})
+    await store.commit(again_writes)
+    assert again.content == "2. [ ] b\n4. [ ] d"
+
+
+def remove_calls(*numbers: int) -> Response:
+    return Response(tool_calls=[
+        ToolCall(id=f"r{n}", name="todo", arguments={"action": "remove", "number": n})
+        for n in numbers])
+
+
+async def test_parallel_todo_removals_remove_the_items_the_model_saw(store, make_rig):
+    conv = await store.ensure_conversation("cli:rig")
+    ns = conversation_namespace(conv.id)
+    w = Writes()  # a list of eight, kept before items had ids
+    w.edit_document(ns, "todo", [{"op": "set", "path": ["items"], "value": [
+        {"text": t, "done": False} for t in "abcdefgh"]}], initial={"items": []},
+        conversation_id=conv.id)
+    await store.commit(w)
+    rig = make_rig(ScriptedModel([remove_calls(1, 2, 3, 4), Response(text="Removed.")]))
+    await rig.say("remove the first four", session="cli:rig")
+    await rig.run()
+
+    doc = await store.read_document(ns, "todo")
+    assert [i["text"] for i in doc.value["items"]] == ["e", "f", "g", "h"]
+    assert [i["id"] for i in doc.value["items"]] == [5, 6, 7, 8]
+    log = await store.entries_page(conv.id, limit=50)
+    results = [e for e in log if e.kind == "tool_result"]
+    assert len(results) == 4 and not any(e.data["is_error"] for e in results)
+    assert log[-1].text == "Removed."
+    # every call ran on the version the one before it left: one version each
+    assert doc.version == 1 + 4
+
+
+async def test_a_keyed_tool_gets_the_same_key_when_it_runs_again_after_a_crash(
+        store, make_rig):
+    keys: list[str | None] = []
+    inside = asyncio.Event()
+
+    @tool(policy=Policy.KEYED)
+    async def send_gift(ctx: ToolContext, to: str) -> str:
+        """Send a gift; the shop drops a second order with the same key."""
+        keys.append(ctx.idem_key)
+        if len(keys) == 1:
+            inside.set()
+            await asyncio.Event().wait()  # the process dies in here
+        return f"sent to {to}"
+
+    model = ScriptedModel([
+        Response(tool_calls=[ToolCall(id="g", name="send_gift", arguments={"to": "Ann"})]),
+        Response(text="Sent.")])
+    rig = make_rig(model, send_gift)
+    turn = await rig.say("send Ann a gift")
+    running = asyncio.create_task(rig.runner.run())
+    await asyncio.wait_for(inside.wait(), 10)
+    await rig.runner.drain(0)  # the crash: cut off inside the effect, nothing handed back
+    await running
+    [call] = await store.list_tasks(kind="tool_call")
+    assert (call.state, call.phase) == (RUNNING, "effect")
+
+    restarted = Runner(store, rig.registry, RIG_OPTIONS)  # the next process
+    await restarted.recover(steal_all=True)
+    await asyncio.wait_for(restarted.run(until_idle=True), 30)
+    assert keys == [f"{turn}.0.0", f"{turn}.0.0"]  # re-sent with the key reserved for it
+    assert (await store.get_task(call.id)).state == DONE
+    assert (await store.get_task(turn)).result["text"] == "Sent."

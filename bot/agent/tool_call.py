@@ -37,11 +37,13 @@ class ToolCallTask(Effect):
                       "reply_to": turn.inputs.get("reply_to", {})}
         if ctx.task.conversation_id is not None:
             key = (await self.deps.store.get_conversation_by_id(ctx.task.conversation_id)).key
+        # The key the turn reserved for this call (`<turn>.<round>.<n>`); a task spawned
+        # before keys were given falls back to its own id, which is as stable.
         return ToolContext(store=self.deps.store, task_id=ctx.task.id,
                            conversation_id=ctx.task.conversation_id, conversation_key=key,
-                           idem_key=ctx.idem_key, writes=ctx.writes, http=self.deps.http,
-                           timezone=self.deps.config.agent.timezone, save_partial=save_partial,
-                           origin=origin)
+                           idem_key=ctx.idem_key or ctx.task.id, writes=ctx.writes,
+                           http=self.deps.http, timezone=self.deps.config.agent.timezone,
+                           save_partial=save_partial, origin=origin)
 
     async def reconcile(self, ctx: TaskContext):
         call, tool = self._call(ctx)

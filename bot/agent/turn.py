@@ -52,10 +52,15 @@ class Turn(TaskDef):
             return Sleep(WAIT_FOR_OLDER_TURN, "", None, until_settled=(older[0].id,))
         mine = await self.store.entry_of_task(conv_id, ctx.task.id)
         if mine is not None:
-            later = await self.store.entries_page(conv_id, after=mine.seq, limit=200)
-            for e in later:
-                if e.kind == "assistant" and (e.data or {}).get("answers_upto", 0) >= mine.seq:
-                    return await self._finish(ctx, {"covered_by": e.seq})
+            # Did an older turn take this message in and answer it? Its answer comes after
+            # the message, however many tool rounds later: page through to the end.
+            after = mine.seq
+            while later := await self.store.entries_page(conv_id, after=after, limit=200):
+                for e in later:
+                    if e.kind == "assistant" and \
+                            (e.data or {}).get("answers_upto", 0) >= mine.seq:
+                        return await self._finish(ctx, {"covered_by": e.seq})
+                after = later[-1].seq
         upto = (await self.store.get_conversation_by_id(conv_id)).last_seq
         # Straight on to the first LLM call: one commit instead of two.
         ctx.checkpoint = {"upto": upto, "round": 0}
@@ -105,7 +110,12 @@ class Turn(TaskDef):
         calls = [c.model_dump(mode="json") for c in response.tool_calls]
         ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
                           data={"tool_calls": calls, "answers_upto": cp["upto"]})
-        tool_tasks = [ctx.spawn("tool_call", {"call": c}) for c in calls]
+        # Each call's idempotency key (for `keyed` tools) is derived from the turn, the
+        # round and the call's place in it: the same on every re-run, unique in the turn
+        # even when a model repeats call ids across rounds.
+        tool_tasks = [ctx.spawn("tool_call", {"call": c},
+                                idem_key=f"{ctx.task.id}.{cp['round']}.{n}")
+                      for n, c in enumerate(calls)]
         return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
 
     async def _phase_after_tools(self, ctx: TaskContext):

@@ -2,19 +2,26 @@
 Graz", "I'm vegetarian"), in one versioned document per scope, so what someone said in a
 DM stays in their private scope and a shared channel's facts stay in that channel.
 
-The tools only write through `ctx.writes`, which lands with their result: `safe`.
+The tools only write through `ctx.writes`, which lands with their result: `safe`. A fact
+keeps its number (its `id`, see `bot.tools.items`) for good, so parallel calls ("forget 2
+and 3") name the facts the model saw, and each edit is made against the version it read
+(a conflicting one is refused at commit and the call runs again).
 """
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
 from bot.runtime import Policy
 from bot.tools import ToolContext, tool
+from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id, with_ids
 from store import NotFound, Store
 from store.documents import Draft
+from store.documents.draft import TrackedDict
+from store.documents.ops import copy_json
 
 DOC = "facts"
 INITIAL = {"items": []}
@@ -24,32 +31,50 @@ def namespace(scope: str) -> str:
     return f"facts:{scope}"
 
 
-async def read_facts(store: Store, scope: str) -> list[dict]:
+async def _read(store: Store, scope: str) -> tuple[Any, int]:
+    """(value, version) of the scope's facts document; version 0 when there is none."""
     try:
-        return (await store.read_document(namespace(scope), DOC)).value["items"]
+        read = await store.read_document(namespace(scope), DOC)
     except NotFound:
-        return []
+        return copy_json(INITIAL), 0
+    return read.value, read.version
+
+
+async def read_facts(store: Store, scope: str) -> list[dict]:
+    """The scope's facts, each with its `id` (the number the model knows it by): facts
+    kept before ids existed are numbered as their first edit will number them."""
+    value, _ = await _read(store, scope)
+    return with_ids(value)["items"] if isinstance(value, dict) else []
 
 
 def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"\w+", text.lower()) if len(w) > 2}
 
 
+def _line(number: int, item: dict) -> str:
+    return f"{number}. {item.get('text', '')}"
+
+
 def relevant_facts(items: list[dict], recent_text: str, budget_chars: int) -> str:
-    """The facts for a context, numbered as the tools know them: all of them when they
-    fit, else the ones sharing most words with what was said recently (then the newest)."""
-    numbered = list(enumerate(items, 1))
-    if sum(len(i["text"]) + 8 for _, i in numbered) > budget_chars:
-        words = _words(recent_text)
-        numbered.sort(key=lambda ni: (len(words & _words(ni[1]["text"])), ni[0]), reverse=True)
-    lines, used = [], 0
-    for n, item in numbered:
-        line = f"{n}. {item['text']}"
-        if used + len(line) + 1 > budget_chars:
-            break
-        lines.append((n, line))
-        used += len(line) + 1
-    return "\n".join(line for _, line in sorted(lines))
+    """The facts for a context, one line each, numbered by their ids as the tools know
+    them, in the order they were kept. All of them when they fit in `budget_chars`; else
+    the ones sharing most words with what was said recently (the newest first among
+    equals), each that still fits: one long fact does not keep out the shorter ones after
+    it."""
+    lines = [(n, _line(item.get("id", n), item)) for n, item in enumerate(items, 1)]
+    if sum(len(line) + 1 for _, line in lines) - 1 <= budget_chars:
+        return "\n".join(line for _, line in lines)
+    words = _words(recent_text)
+    ranked = sorted(zip(lines, items, strict=True), reverse=True,
+                    key=lambda li: (len(words & _words(li[1].get("text", ""))), li[0][0]))
+    chosen, used = [], 0
+    for (n, line), _ in ranked:
+        cost = len(line) + (1 if chosen else 0)
+        if used + cost > budget_chars:
+            continue
+        chosen.append((n, line))
+        used += cost
+    return "\n".join(line for _, line in sorted(chosen))
 
 
 async def facts_for(store: Store, conversation_id: int, budget_chars: int) -> str:
@@ -70,23 +95,53 @@ async def _scope(ctx: ToolContext) -> str:
     return (await ctx.store.get_conversation_by_id(ctx.conversation_id)).scope
 
 
-async def _edit(ctx: ToolContext, change) -> str:
+async def _edit(ctx: ToolContext, change: Callable[[TrackedDict], None]) -> str:
+    """Apply `change` to the scope's facts document (`root["items"]`, ids given) and
+    write it, made against the version read: a parallel edit that lands first makes the
+    commit refuse this one, and the tool runs again on the new version, where the numbers
+    (ids) still name the same facts. `change` raises ValueError for a mistake."""
     scope = await _scope(ctx)
-    draft = Draft({"items": await read_facts(ctx.store, scope)})
-    problem = change(draft.root["items"])
-    if problem:
-        return f"error: {problem}"
-    if draft.changed:
+    value, base_version = await _read(ctx.store, scope)
+    if not isinstance(value, dict):
+        raise ValueError(f"the stored facts are a {type(value).__name__}, not an object")
+    draft = Draft(value)
+    if not isinstance(value.get("items"), list):
+        draft.root["items"] = []
+    ensure_ids(draft.root)  # facts from before ids get them, numbered as they were shown
+    upkeep = len(draft.ops)
+    change(draft.root)
+    if len(draft.ops) > upkeep:
         ctx.writes.edit_document(namespace(scope), DOC, draft.ops, initial=INITIAL,
                                  history="rewindable", fork_policy="current",
-                                 conversation_id=ctx.conversation_id)
+                                 conversation_id=ctx.conversation_id,
+                                 base_version=base_version)
     items = draft.value["items"]
-    return "Facts now:\n" + "\n".join(f"{n}. {i['text']}" for n, i in enumerate(items, 1)) \
-        if items else "No facts kept."
+    if not items:
+        return "No facts kept."
+    return "Facts now:\n" + "\n".join(_line(i["id"], i) for i in items)
 
 
 def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def _index(root: TrackedDict, number: int) -> int:
+    index = find_index(root["items"][:], number)
+    if index is None:
+        raise ValueError(f"there is no fact number {number} "
+                         f"({numbers_hint(root['items'][:], 'fact')})")
+    return index
+
+
+def _text(fact: str) -> str:
+    text = " ".join(fact.split())
+    if not text:
+        raise ValueError("the fact is empty")
+    return text
+
+
+NUMBER = Field(description="the fact's number in your memory list (a fact keeps its "
+                           "number when others are added or forgotten)")
 
 
 @tool(policy=Policy.SAFE)
@@ -97,37 +152,40 @@ async def remember_fact(
 ) -> str:
     """Keep a lasting fact about the user or their world for future conversations. Only
     for things worth knowing later (preferences, people, places, standing arrangements)."""
-    def change(items):
-        if any(i["text"].strip().lower() == fact.strip().lower() for i in items):
-            return None
-        items.append({"text": fact.strip(), "since": _stamp()})
+    text = _text(fact)
+
+    def change(root):
+        if any(i.get("text", "").strip().lower() == text.lower() for i in root["items"][:]):
+            return
+        root["items"].append({"id": take_id(root), "text": text, "since": _stamp()})
     return await _edit(ctx, change)
 
 
 @tool(policy=Policy.SAFE)
 async def update_fact(
     ctx: ToolContext,
-    number: Annotated[int, Field(description="the fact's number in your memory list")],
+    number: Annotated[int, NUMBER],
     fact: Annotated[str, Field(description="the corrected statement")],
 ) -> str:
     """Correct a kept fact that changed (a new address, a new preference)."""
-    def change(items):
-        if not 1 <= number <= len(items):
-            return f"there is no fact number {number}"
-        items[number - 1] = {"text": fact.strip(), "since": _stamp()}
+    text = _text(fact)
+
+    def change(root):
+        item = root["items"][_index(root, number)]
+        if item.get("text") != text:
+            item["text"] = text
+            item["since"] = _stamp()
     return await _edit(ctx, change)
 
 
 @tool(policy=Policy.SAFE)
 async def forget_fact(
     ctx: ToolContext,
-    number: Annotated[int, Field(description="the fact's number in your memory list")],
+    number: Annotated[int, NUMBER],
 ) -> str:
     """Forget a kept fact (it is wrong, outdated, or the user asked you to forget it)."""
-    def change(items):
-        if not 1 <= number <= len(items):
-            return f"there is no fact number {number}"
-        del items[number - 1]
+    def change(root):
+        del root["items"][_index(root, number)]
     return await _edit(ctx, change)
 
 

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from bot.runtime.definitions import Policy
 from bot.tools.base import Tool, ToolContext, tool
+from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id
 from store import NotFound, conversation_namespace
 from store.documents import Draft
 
@@ -173,10 +174,11 @@ TODO_DOCUMENT = "todo"
 
 
 def render_todo(items: list[dict]) -> str:
+    """One line per item, numbered by the item's id (its number for good)."""
     if not items:
         return "The to-do list is empty."
-    return "\n".join(f"{n}. [{'x' if item.get('done') else ' '}] {item.get('text', '')}"
-                     for n, item in enumerate(items, 1))
+    return "\n".join(f"{item.get('id', n)}. [{'x' if item.get('done') else ' '}] "
+                     f"{item.get('text', '')}" for n, item in enumerate(items, 1))
 
 
 @tool(policy=Policy.SAFE)
@@ -186,46 +188,59 @@ async def todo(
         description="what to do with the list")],
     item: Annotated[str | None, Field(description="the text of the item to add")] = None,
     number: Annotated[int | None, Field(
-        description="the item's number (1-based) for complete, reopen and remove")] = None,
+        description="the item's number as the list shows it, for complete, reopen and "
+                    "remove")] = None,
 ) -> str:
     """The to-do list of this conversation: add an item, complete, reopen or remove one by
-    its number, or list them. Returns the list as it is afterwards."""
+    its number, or list them. Returns the list as it is afterwards. An item keeps its
+    number for good: removing item 2 leaves item 3 numbered 3, so several calls at once
+    can each name the numbers you saw."""
     # Safe to repeat: the only effect is the document edit, which lands with the result.
+    # The edit is made against the version read here; if a parallel call's edit lands
+    # first, the commit refuses this one (DocumentConflict) and the runtime runs the call
+    # again on the new version, where the item numbers (ids) still mean the same items.
     if ctx.conversation_id is None:
         raise ValueError("the to-do list belongs to a conversation, and there is none here")
     namespace = conversation_namespace(ctx.conversation_id)
     try:
-        current = (await ctx.store.read_document(namespace, TODO_DOCUMENT)).value
+        read = await ctx.store.read_document(namespace, TODO_DOCUMENT)
+        current, base_version = read.value, read.version
     except NotFound:
-        current = {"items": []}
+        current, base_version = {"items": []}, 0
     if not isinstance(current, dict):
         raise ValueError(f"the stored to-do list is a {type(current).__name__}, not an object")
     draft = Draft(current)
     if not isinstance(current.get("items"), list):
         draft.root["items"] = []  # a repair, recorded like any edit
+    ensure_ids(draft.root)  # a list from before ids gets them, numbered as it was shown
+    upkeep = len(draft.ops)
     items = draft.root["items"]
 
     if action == "add":
         text = (item or "").strip()
         if not text:
             raise ValueError("add needs `item`: the text of the new item")
-        items.append({"text": text, "done": False})
+        items.append({"id": take_id(draft.root), "text": text, "done": False})
     elif action in ("complete", "reopen", "remove"):
-        if number is None or not 1 <= number <= len(items):
-            count = f"{len(items)} item{'s' if len(items) != 1 else ''}"
-            raise ValueError(f"{action} needs `number` between 1 and {len(items)}; got "
-                             f"{number}, and the list has {count}")
+        index = None if number is None else find_index(items[:], number)
+        if index is None:
+            hint = numbers_hint(items[:], "item")
+            if number is None:
+                raise ValueError(f"{action} needs `number`, the item's number as the list "
+                                 f"shows it ({hint})")
+            raise ValueError(f"there is no item {number} on the to-do list ({hint})")
         if action == "remove":
-            del items[number - 1]
+            del items[index]
         else:
             done = action == "complete"
-            if items[number - 1].get("done") is not done:
-                items[number - 1]["done"] = done
+            if items[index].get("done") is not done:
+                items[index]["done"] = done
 
-    if draft.changed:
+    if len(draft.ops) > upkeep:  # something changed (not just ids given to an old list)
         ctx.writes.edit_document(namespace, TODO_DOCUMENT, draft.ops, initial={"items": []},
                                  history="rewindable", fork_policy="as_of",
-                                 conversation_id=ctx.conversation_id)
+                                 conversation_id=ctx.conversation_id,
+                                 base_version=base_version)
     return render_todo(draft.value["items"])
 
 

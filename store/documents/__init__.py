@@ -2,5 +2,6 @@
 
 from store.documents.draft import Draft, StaleError
 from store.documents.ops import OpError, apply_ops
+from store.errors import DocumentConflict
 
-__all__ = ["Draft", "OpError", "StaleError", "apply_ops"]
+__all__ = ["DocumentConflict", "Draft", "OpError", "StaleError", "apply_ops"]

@@ -11,7 +11,13 @@ from typing import Any
 from sqlalchemy import and_, delete, func, insert, select, update
 
 from store.documents.ops import OpError, apply_ops
-from store.errors import DocumentCorrupt, DocumentError, NotFound, StoreError
+from store.errors import (
+    DocumentConflict,
+    DocumentCorrupt,
+    DocumentError,
+    NotFound,
+    StoreError,
+)
 from store.records import dumps, loads, now
 from store.schema import document_versions as dv
 from store.schema import documents
@@ -111,10 +117,14 @@ async def write(conn, dialect: str, w: DocumentWrite, *, at_seq: int | None,
                 task_id: str | None) -> int:
     """Append one version made of `w.ops`; returns the new version number. The ops are
     applied to the current value first, so an op that does not apply is refused here
-    rather than stored."""
+    rather than stored. An edit made against `w.base_version` is refused with
+    `DocumentConflict` if the document has moved on since: the row is locked (PostgreSQL)
+    or the writer alone (SQLite), so this compare-and-set cannot race."""
     doc = await create(conn, dialect, w.namespace, w.name, initial=w.initial,
                        history=w.history, fork_policy=w.fork_policy,
                        conversation_id=w.conversation_id)
+    if w.base_version is not None and doc.version != w.base_version:
+        raise DocumentConflict(w.namespace, w.name, w.base_version, doc.version)
     current = await _value_at(conn, doc.id, doc.version)
     try:
         new_value = apply_ops(current, w.ops)

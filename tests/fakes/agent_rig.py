@@ -1,0 +1,58 @@
+"""The agent's runtime in-process for tool tests: a scripted model, the built-in tools plus
+any others, the real task definitions and a runner, on the test's store."""
+
+import asyncio
+from contextlib import asynccontextmanager
+
+import httpx
+
+from bot.agent.deps import AgentDeps
+from bot.agent.inbox import submit_message
+from bot.app import build_registry
+from bot.config import build_config
+from bot.runtime import Runner, RunnerOptions
+from bot.tools import Tool, ToolBox, builtin_tools
+from connectors.terminal import TerminalChannel
+
+RIG_OPTIONS = RunnerOptions(concurrency=4, lease_seconds=5, retry_base_seconds=0.01,
+                            retry_max_seconds=0.02, poll_seconds=0.02)
+
+
+class Rig:
+    """The agent's runtime in-process: a scripted model, the built-in tools and `extra`
+    ones, the real task definitions and a runner."""
+
+    def __init__(self, store, tmp_path, model, *extra: Tool):
+        self.store = store
+        self.http = httpx.AsyncClient()
+        config = build_config({"runtime": {"retry_base_seconds": 0.01,
+                                           "retry_max_seconds": 0.02}}, home=tmp_path)
+        self.deps = AgentDeps(store=store, config=config, client=model,
+                              toolbox=ToolBox(*builtin_tools(), *extra), http=self.http)
+        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
+        self.registry = build_registry(self.deps)
+        self.runner = Runner(store, self.registry, RIG_OPTIONS)
+
+    async def say(self, text: str, session: str = "cli:rig") -> str:
+        accepted = await submit_message(self.store, channel="cli", external_ids=[text],
+                                        conversation_key=session, text=text, author="you")
+        return accepted.turn_id
+
+    async def run(self) -> None:
+        await asyncio.wait_for(self.runner.run(until_idle=True), 30)
+
+
+@asynccontextmanager
+async def rig_factory(store, tmp_path):
+    """`make(model, *extra_tools) -> Rig`; their HTTP clients are closed at the end."""
+    made: list[Rig] = []
+
+    def make(model, *extra: Tool) -> Rig:
+        made.append(Rig(store, tmp_path, model, *extra))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for rig in made:
+            await rig.http.aclose()
