@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Literal
@@ -702,6 +703,25 @@ async def test_parallel_todo_removals_remove_the_items_the_model_saw(store, make
     assert log[-1].text == "Removed."
     # every call ran on the version the one before it left: one version each
     assert doc.version == 1 + 4
+
+
+async def test_many_parallel_edits_of_one_document_all_land(store, make_rig):
+    # A conflict means another edit landed: contention, not a fault. With more parallel
+    # edits than max_attempts, every one still gets through.
+    conv = await store.ensure_conversation("cli:rig")
+    ns = conversation_namespace(conv.id)
+    rig = make_rig(ScriptedModel([Response(tool_calls=[
+        ToolCall(id=f"a{n}", name="todo", arguments={"action": "add", "item": f"thing {n}"})
+        for n in range(12)]), Response(text="Added.")]))
+    rig.runner = Runner(store, rig.registry, replace(RIG_OPTIONS, concurrency=12,
+                                                     max_attempts=2))
+    await rig.say("add twelve things")
+    await rig.run()
+    doc = await store.read_document(ns, "todo")
+    assert sorted(i["text"] for i in doc.value["items"]) == sorted(
+        f"thing {n}" for n in range(12))
+    results = [e for e in await store.entries_page(conv.id, limit=50) if e.kind == "tool_result"]
+    assert len(results) == 12 and not any(e.data["is_error"] for e in results)
 
 
 async def test_a_keyed_tool_gets_the_same_key_when_it_runs_again_after_a_crash(

@@ -34,6 +34,7 @@ from store import (
     Writes,
     new_id,
 )
+from store.errors import DocumentConflict
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,8 @@ class Runner:
             await self._commit(ctx, self._update(
                 ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
             return
-        outage = (task.error or "").startswith((NotPerformed.__name__, Unavailable.__name__))
+        outage = (task.error or "").startswith(
+            (NotPerformed.__name__, Unavailable.__name__, DocumentConflict.__name__))
         limit = self.options.outage_attempts if outage else self.options.max_attempts
         if task.attempts > limit:
             await self._commit(ctx, self._update(
@@ -258,13 +260,18 @@ class Runner:
     async def _failed_attempt(self, ctx: TaskContext, exc: Exception, attempt: int) -> None:
         task = ctx.task
         error = f"{type(exc).__name__}: {exc}"
+        expected = NotPerformed | Unavailable | DocumentConflict
         log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
-                    error, exc_info=not isinstance(exc, NotPerformed | Unavailable))
+                    error, exc_info=not isinstance(exc, expected))
         checkpoint, limit = ctx.checkpoint, self.options.max_attempts
         if isinstance(exc, NotPerformed):  # certainly nothing happened: no reconciling later
             checkpoint = {**(checkpoint or {}), "not_performed": True}
             limit = self.options.outage_attempts
         elif isinstance(exc, Unavailable):  # in doubt: the checkpoint keeps the doubt
+            limit = self.options.outage_attempts
+        elif isinstance(exc, DocumentConflict):
+            # Lost a race to another edit that landed: contention, not a fault, and bounded
+            # by how many edits there are. Allowed as many tries as an outage.
             limit = self.options.outage_attempts
         ctx.writes = Writes()  # the failed phase's writes are dropped
         if attempt >= limit:
