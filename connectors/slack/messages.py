@@ -6,6 +6,14 @@ after a restart the very same message is found (conversations.replies for a thre
 conversations.history for a DM, from the user's message on) and edited in place rather
 than posted again. What this process posted or saw is remembered (bounded); a key it does
 not know is looked up in Slack before anything is posted under it.
+
+A scheduled answer for a person's DM is addressed to the person (`channel` = their U... id):
+`conversations.open` turns that into the DM's own id (D...) before anything is read or
+posted, since conversations.history knows only conversations. The id is remembered in
+memory; a restarted process asks again (the call is idempotent and answers the same DM).
+
+`watch()` tells a delivery whether any write of its own may have reached Slack, so that an
+outage can be reported as "nothing shown" (`NotPerformed`) or "in doubt" (`Unavailable`).
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +32,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.runtime.killpoints import kill_point
 
+from . import faults
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
@@ -30,11 +41,17 @@ META_TYPE = "steward_reply"
 REMEMBERED = 5000  # keys kept in memory
 LOOKUP_PAGES = 10  # pages of 200 messages searched after the user's message
 POST_ATTEMPTS = 3
+POST_RETRY_SECONDS = 0.5  # times the attempt: the pause before looking and posting again
 GONE = {"message_not_found", "cant_update_message"}  # deleted by a person in Slack
 
 
 def part_key(key: str, index: int) -> str:
     return key if index == 0 else f"{key}#{index + 1}"
+
+
+def is_user_id(value: str) -> bool:
+    """A person's id (U..., W... on Enterprise Grid), not a conversation's (C, G, D...)."""
+    return value[:1] in ("U", "W") and value[1:].isalnum()
 
 
 @dataclass
@@ -44,10 +61,20 @@ class Posted:
     text: str
 
 
+@dataclass
+class Touched:
+    """Whether a write (post, edit, delete) may have changed what Slack shows."""
+    maybe: bool = False
+
+
+_touched: ContextVar[Touched | None] = ContextVar("slack_touched", default=None)
+
+
 class Messages:
     def __init__(self, web: SlackWeb):
         self.web = web
         self._known: OrderedDict[str, Posted | None] = OrderedDict()
+        self._dms: OrderedDict[str, str] = OrderedDict()  # person -> Steward's DM with them
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     # -- per-answer lock (a stream and the final delivery never write at once) -------
@@ -66,6 +93,32 @@ class Messages:
             else:
                 self._locks[key] = (lock, users - 1)
 
+    @contextmanager
+    def watch(self) -> Iterator[Touched]:
+        """Within (in this asyncio task): note whether any write may have reached Slack."""
+        touched = Touched()
+        token = _touched.set(touched)
+        try:
+            yield touched
+        finally:
+            _touched.reset(token)
+
+    # -- where ----------------------------------------------------------------------
+
+    async def resolve(self, where: dict[str, Any]) -> dict[str, Any]:
+        """`where` with a person's id as the channel replaced by their DM's id."""
+        person = where.get("channel") or ""
+        if not is_user_id(person):
+            return where
+        dm = self._dms.get(person)
+        if dm is None:
+            opened = await self.web.call("conversations_open", users=person)
+            dm = opened["channel"]["id"]
+            self._dms[person] = dm
+            while len(self._dms) > REMEMBERED:
+                self._dms.popitem(last=False)
+        return {**where, "channel": dm}
+
     # -- finding --------------------------------------------------------------------
 
     def _remember(self, key: str, posted: Posted | None) -> None:
@@ -78,7 +131,7 @@ class Messages:
         """The message posted under `key`, from memory or else from Slack."""
         found = self._known.get(key)
         if found is None:
-            await self._scan(where)
+            await self._scan(await self.resolve(where))
             found = self._known.get(key)
         return found
 
@@ -111,6 +164,7 @@ class Messages:
         """Make the answer's messages show `parts`: post the missing ones, edit changed
         ones, delete parts beyond the new end that this process knows of. Call it holding
         `locked(key)`."""
+        where = await self.resolve(where)
         shown = []
         scanned = False
         for i, text in enumerate(parts):
@@ -132,6 +186,7 @@ class Messages:
 
     async def remove(self, key: str, where: dict[str, Any]) -> int:
         """Delete every part of an answer that exists (the question was withdrawn)."""
+        where = await self.resolve(where)
         removed, i = 0, 0
         while (found := await self.find(part_key(key, i), where)) is not None:
             await self._delete(part_key(key, i), found)
@@ -141,8 +196,8 @@ class Messages:
     async def _update(self, key: str, posted: Posted, text: str) -> Posted | None:
         """Edit a part; None if it is gone (deleted in Slack), so it is posted again."""
         try:
-            await self.web.call("chat_update", channel=posted.channel, ts=posted.ts, text=text,
-                                metadata=_metadata(key))
+            await self._write("chat_update", channel=posted.channel, ts=posted.ts, text=text,
+                              metadata=_metadata(key))
         except SlackApiError as exc:
             if exc.response.get("error") not in GONE:
                 raise
@@ -155,7 +210,7 @@ class Messages:
 
     async def _delete(self, key: str, posted: Posted) -> None:
         try:
-            await self.web.call("chat_delete", channel=posted.channel, ts=posted.ts)
+            await self._write("chat_delete", channel=posted.channel, ts=posted.ts)
         except SlackApiError as exc:
             if exc.response.get("error") not in GONE:
                 raise
@@ -168,7 +223,7 @@ class Messages:
             args["thread_ts"] = where["thread_ts"]
         for attempt in range(1, POST_ATTEMPTS + 1):
             try:
-                response = await self.web.post(**args)
+                response = await self._write("chat_postMessage", **args)
                 break
             except SlackApiError as exc:
                 status = exc.response.status_code
@@ -180,7 +235,7 @@ class Messages:
                 if attempt == POST_ATTEMPTS:
                     raise
                 log.warning("slack: chat.postMessage failed (%s); looking before retrying", exc)
-            await asyncio.sleep(0.5 * attempt)
+            await asyncio.sleep(POST_RETRY_SECONDS * attempt)
             await self._scan(where)
             found = self._known.get(key)
             if found is not None:
@@ -189,6 +244,23 @@ class Messages:
         self._remember(key, posted)
         kill_point("slack-posted", "slack")
         return posted
+
+    async def _write(self, method: str, **kwargs: Any):
+        """A call that changes what Slack shows (noted for `watch`). chat.postMessage goes
+        through the client that does not retry on its own (see web.py)."""
+        touched = _touched.get()
+        try:
+            if method == "chat_postMessage":
+                response = await self.web.post(**kwargs)
+            else:
+                response = await self.web.call(method, **kwargs)
+        except Exception as exc:
+            if touched is not None and not faults.not_done(exc):
+                touched.maybe = True
+            raise
+        if touched is not None:
+            touched.maybe = True
+        return response
 
 
 def _metadata(key: str) -> dict[str, Any]:

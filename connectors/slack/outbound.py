@@ -4,6 +4,13 @@ restarted delivery whether Slack already shows it in full.
 
 An answer to a message the user deleted before it was answered is not shown: whatever was
 streamed of it is deleted, and the delivery is recorded as skipped.
+
+When Slack is unreachable or in trouble (faults.py) the delivery says so in the runtime's
+terms, so that it is retried for `outage_attempts` rather than failed: `send` raises
+`NotPerformed` if nothing it did can have changed what Slack shows (the connection was
+refused, a 429, or only a read failed), else `Unavailable`; `find` raises `Unavailable`.
+Either way the next try looks for the answer's messages by key before posting, and edits
+a half-streamed message (" …") into the final text.
 """
 
 from __future__ import annotations
@@ -12,9 +19,11 @@ import logging
 from typing import Any
 
 from bot.channels import Outbound
+from bot.runtime import Unavailable
 from bot.runtime.killpoints import kill_point
 from store import Store
 
+from . import faults
 from .messages import Messages, part_key
 from .mrkdwn import render
 from .streaming import Streams
@@ -40,6 +49,26 @@ class SlackChannel:
         self.store = store
 
     async def send(self, message: Outbound) -> dict[str, Any]:
+        with self.messages.watch() as touched:
+            try:
+                return await self._send(message)
+            except Exception as exc:
+                if not faults.is_outage(exc):
+                    raise
+                log.warning("slack: delivering %s: %s", message.key, faults.describe(exc))
+                raise faults.for_runtime(exc, maybe_shown=touched.maybe) from exc
+
+    async def find(self, message: Outbound) -> dict[str, Any] | None:
+        try:
+            return await self._find(message)
+        except Exception as exc:
+            if not faults.is_outage(exc):
+                raise
+            log.warning("slack: looking for %s: %s", message.key, faults.describe(exc))
+            raise Unavailable(f"Slack unavailable, cannot look for the answer: "
+                              f"{faults.describe(exc)}") from exc
+
+    async def _send(self, message: Outbound) -> dict[str, Any]:
         where = message.reply_to
         parts = render(message.text)
         self.streams.finish(message.key)
@@ -62,7 +91,7 @@ class SlackChannel:
         except Exception:  # noqa: BLE001 - the answer is shown; the sign is cosmetic
             log.exception("slack: clearing the working sign failed")
 
-    async def find(self, message: Outbound) -> dict[str, Any] | None:
+    async def _find(self, message: Outbound) -> dict[str, Any] | None:
         where = message.reply_to
         parts = render(message.text)
         shown = []

@@ -21,6 +21,7 @@ from bot.agent.events import Events
 from bot.runtime.killpoints import kill_point
 from store import Store
 
+from . import faults
 from .messages import Messages
 from .mrkdwn import render
 
@@ -130,8 +131,13 @@ class Streams:
                         stream.writes += 1
                         if stream.writes > 1:  # an edit (the first write posts)
                             kill_point("slack-stream-updated", "slack")
-                except Exception:  # noqa: BLE001 - the final delivery will show the answer
-                    log.exception("slack: updating the streamed answer %s failed", stream.key)
+                except Exception as exc:  # noqa: BLE001 - the final delivery shows the answer
+                    if faults.is_outage(exc):
+                        log.warning("slack: updating the streamed answer %s failed: %s",
+                                    stream.key, faults.describe(exc))
+                    else:
+                        log.exception("slack: updating the streamed answer %s failed",
+                                      stream.key)
                 finally:
                     stream.writing = False
                 await asyncio.sleep(self.interval)

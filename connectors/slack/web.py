@@ -16,6 +16,7 @@ deliveries that run while the process drains are not lost.
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import aiohttp
@@ -24,12 +25,21 @@ from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
+from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
+from slack_sdk.http_retry.jitter import Jitter
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 TIMEOUT = 30  # seconds per request
 RATE_LIMIT_RETRIES = 5
 SERVER_ERROR_RETRIES = 3
+RETRY_BACKOFF = 0.5  # seconds before the first retry of a 5xx or a connection error; doubles
+RETRY_JITTER = 1.0  # up to this many seconds added at random to each of those pauses
+
+
+class _Jitter(Jitter):
+    def recalculate(self, duration: float) -> float:
+        return duration + random.random() * RETRY_JITTER
 
 
 class SlackWeb:
@@ -46,11 +56,14 @@ class SlackWeb:
         if self._client is None or self._poster is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
             rate = AsyncRateLimitErrorRetryHandler(max_retry_count=RATE_LIMIT_RETRIES)
+            backoff = BackoffRetryIntervalCalculator(backoff_factor=RETRY_BACKOFF, jitter=_Jitter())
             self._client = AsyncWebClient(
                 token=self.token, base_url=self.base_url, session=self._session,
                 timeout=TIMEOUT, retry_handlers=[
-                    rate, AsyncServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES),
-                    AsyncConnectionErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES)])
+                    rate, AsyncServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES,
+                                                       interval_calculator=backoff),
+                    AsyncConnectionErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES,
+                                                     interval_calculator=backoff)])
             self._poster = AsyncWebClient(token=self.token, base_url=self.base_url,
                                           session=self._session, timeout=TIMEOUT,
                                           retry_handlers=[rate])

@@ -46,9 +46,11 @@ def echo_model(**kwargs: Any) -> ScriptedModel:
 
 class SlackRig:
     def __init__(self, store: Store, home: Path, slack: FakeSlack, client: Any = None,
-                 *, tools: list | None = None, run_tasks: bool = True, **slack_config: Any):
+                 *, tools: list | None = None, run_tasks: bool = True,
+                 options: RunnerOptions = OPTIONS, **slack_config: Any):
         """`tools`: the agent's tools (default: the built-ins); `run_tasks=False` leaves the
-        runner off until `start_runner()` (events are taken in, nothing is answered)."""
+        runner off until `start_runner()` (events are taken in, nothing is answered);
+        `options`: the runner's (attempt limits, backoff)."""
         self.store = store
         self.slack = slack
         self.port = free_port()
@@ -63,7 +65,7 @@ class SlackRig:
                               toolbox=ToolBox(*(builtin_tools() if tools is None
                                                 else tools)), http=self.http)
         self.connector = build_connectors(self.config, self.deps)[0]
-        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
+        self.runner = Runner(store, build_registry(self.deps), options)
         self.deps.wake = self.runner.wake
         self._serving: asyncio.Task | None = None
         self._run_tasks = run_tasks

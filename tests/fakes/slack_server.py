@@ -2,15 +2,20 @@
 
     /api/<method>      the Web API (`url` is the `api_base_url`): auth.test,
                        apps.connections.open, chat.postMessage|update|delete,
-                       conversations.history|replies, reactions.add|remove, users.info
+                       conversations.history|replies|open, reactions.add|remove,
+                       users.info
     /files/<id>/<name> a file's `url_private` (needs the bot token)
     /socket            the Socket Mode websocket (`push()` sends an envelope, acks are kept)
 
 Every Web API call is recorded (`calls`, `count`); `fail(method, status, times)` answers
-the next calls with 429 (with Retry-After) or 500. Messages are kept per channel, threads
-included (`slack_workspace.py`), so a test can say "exactly one visible answer per user
-message". The server runs its own event loop in a thread, so in-process connectors and
-`steward` subprocesses alike can use it. Events are built by `tests.fakes.slack_events`.
+the next calls with 429 (with Retry-After), a 5xx, or `DROP` (the connection is closed with
+no answer), optionally after doing the call (`after`: a lost response) and then going down
+(`down`). `down()` / `up()`: Slack is unreachable (connections refused, requests on open
+connections dropped unanswered) until `up()`; `heal()` forgets pending failures. Messages
+are kept per channel, threads included (`slack_workspace.py`), so a test can say "exactly
+one visible answer per user message". The server runs its own event loop in a thread, so
+in-process connectors and `steward` subprocesses alike can use it. Events are built by
+`tests.fakes.slack_events`.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from urllib.parse import parse_qsl
 
 from aiohttp import WSMsgType, web
 
-from tests.fakes.slack_workspace import BOT_ID, BOT_USER, TEAM, Workspace
+from tests.fakes.slack_workspace import BOT_ID, BOT_USER, TEAM, Workspace, is_user_id
 
-__all__ = ["APP_TOKEN", "BOT_ID", "BOT_TOKEN", "BOT_USER", "TEAM", "FakeSlack"]
+__all__ = ["APP_TOKEN", "BOT_ID", "BOT_TOKEN", "BOT_USER", "DROP", "TEAM", "FakeSlack"]
 
 BOT_TOKEN = "xoxb-fake-bot-token"
 APP_TOKEN = "xapp-fake-app-token"
+DROP = 0  # a `fail` status: close the connection without an answer
 
 
 @dataclass
@@ -48,6 +54,7 @@ class Failure:
     times: int
     retry_after: int = 1
     after: bool = False  # do the call, then answer with the error (a lost response)
+    down: bool = False  # and then Slack goes down, until `up()`
 
 
 @dataclass
@@ -65,6 +72,8 @@ class FakeSlack(Workspace):
         self._failures: dict[str, list[Failure]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._down = False
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -106,9 +115,9 @@ class FakeSlack(Workspace):
         app.router.add_get("/socket", self._socket)
         self._runner = web.AppRunner(app, access_log=None)
         loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        loop.run_until_complete(self._site.start())
+        self.port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         ready.set()
         loop.run_forever()
         loop.close()
@@ -122,12 +131,51 @@ class FakeSlack(Workspace):
     # -- what tests use ------------------------------------------------------------
 
     def fail(self, method: str, status: int = 429, times: int = 1, retry_after: int = 1, *,
-             after: bool = False) -> None:
-        """Answer the next `times` calls of `method` with `status` (429 with Retry-After);
-        `after`: the call takes effect all the same, only its answer is the error."""
+             after: bool = False, down: bool = False) -> None:
+        """Answer the next `times` calls of `method` with `status` (429 with Retry-After,
+        a 5xx, or DROP: no answer at all); `after`: the call takes effect all the same,
+        only its answer is lost; `down`: then Slack is unreachable until `up()`."""
         with self._lock:
             self._failures.setdefault(method, []).append(
-                Failure(status, times, retry_after, after))
+                Failure(status, times, retry_after, after, down))
+
+    def heal(self, method: str | None = None) -> None:
+        """Forget the failures still pending (of one method, or all)."""
+        with self._lock:
+            if method is None:
+                self._failures.clear()
+            else:
+                self._failures.pop(method, None)
+
+    def down(self) -> None:
+        """Slack is unreachable: new connections are refused, requests on connections
+        already open are dropped without an answer (and without effect)."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._go_down(), self._loop).result(5)
+
+    def up(self) -> None:
+        """Slack answers again, on the same port."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._go_up(), self._loop).result(5)
+
+    @property
+    def is_down(self) -> bool:
+        return self._down
+
+    async def _go_down(self) -> None:
+        if self._down:
+            return
+        self._down = True
+        assert self._site is not None
+        await self._site.stop()
+
+    async def _go_up(self) -> None:
+        if not self._down:
+            return
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await self._site.start()
+        self._down = False
 
     def count(self, method: str, *, ok_only: bool = False) -> int:
         with self._lock:
@@ -165,8 +213,10 @@ class FakeSlack(Workspace):
 
     # -- Web API -------------------------------------------------------------------
 
-    async def _api(self, request: web.Request) -> web.Response:
+    async def _api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
+        if self._down:  # a connection opened before Slack went down
+            return self._drop(request)
         params: dict[str, Any] = dict(request.query)
         if request.can_read_body:
             raw = await request.read()
@@ -175,33 +225,49 @@ class FakeSlack(Workspace):
             else:
                 params.update(parse_qsl(raw.decode()))
         token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        status, headers, body = self._answer(method, params, token)
+        status, headers, body, down = self._answer(method, params, token)
         with self._lock:
             self.calls.append(Call(method, params, status, time.time()))
+        if down:
+            await self._go_down()
+        if status == DROP:
+            return self._drop(request)
         return web.json_response(body, status=status, headers=headers)
 
-    def _answer(self, method: str, params: dict, token: str) -> tuple[int, dict, dict]:
+    @staticmethod
+    def _drop(request: web.Request) -> web.StreamResponse:
+        """Close the connection without an answer (the client sees it dropped)."""
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response(status=599)  # never reaches the client
+
+    def _answer(self, method: str, params: dict, token: str
+                ) -> tuple[int, dict, dict, bool]:
+        """(status, headers, body, whether Slack goes down after this call)."""
         with self._lock:
             queue = self._failures.get(method) or []
             failure = queue[0] if queue else None
-            if failure is not None:
-                failure.times -= 1
-                if failure.times <= 0:
-                    queue.pop(0)
-            if failure is not None and failure.after:
+            if failure is None:
+                return 200, {}, self._call(method, params, token), False
+            failure.times -= 1
+            if failure.times <= 0:
+                queue.pop(0)
+            if failure.after:
                 self._call(method, params, token)
-            if failure is not None and failure.status == 429:
+            if failure.status == 429:
                 return 429, {"Retry-After": str(failure.retry_after)}, {
-                    "ok": False, "error": "ratelimited"}
-            if failure is not None:
-                return failure.status, {}, {"ok": False, "error": "internal_error"}
-            return 200, {}, self._call(method, params, token)
+                    "ok": False, "error": "ratelimited"}, failure.down
+            return failure.status, {}, {"ok": False, "error": "internal_error"}, failure.down
 
     def _call(self, method: str, params: dict, token: str) -> dict:
         wanted = APP_TOKEN if method == "apps.connections.open" else BOT_TOKEN
         if token != wanted:
             return {"ok": False, "error": "invalid_auth"}
         handler = getattr(self, "_m_" + method.replace(".", "_"), None)
+        if is_user_id(str(params.get("channel", ""))) and method != "conversations.open":
+            # A person's id is not a conversation: their DM's id comes from
+            # conversations.open (users=U...).
+            return {"ok": False, "error": "channel_not_found"}
         if handler is None:
             return {"ok": False, "error": "unknown_method"}
         return handler(params)

@@ -1,5 +1,7 @@
 """The state of the fake Slack workspace and its Web API methods: channels with their
-messages (threads included), files and people. `FakeSlack` serves it over HTTP; this
+messages (threads included), files and people, and Steward's DM with each person
+(`conversations.open` with users=U... answers its D... id; a person's id given where a
+conversation is expected is channel_not_found). `FakeSlack` serves it over HTTP; this
 module is plain data and runs under the server's lock."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Workspace:
         self.messages: dict[str, list[dict]] = {}  # channel -> messages in ts order
         self.files: dict[str, tuple[dict, bytes]] = {}
         self.users: dict[str, dict] = {}
+        self.dms: dict[str, str] = {}  # user -> the id of Steward's DM with them
         self.port = 0
         self._tick = 0
         self._base = int(time.time()) - 100_000
@@ -92,6 +95,11 @@ class Workspace:
             self.files[file_id] = (info, content)
         return dict(info)
 
+    def dm_of(self, user: str) -> str:
+        """The id of Steward's DM with a person (U0ALICE -> D0ALICE unless set)."""
+        with self._lock:
+            return self.dms.setdefault(user, "D" + user[1:])
+
     def add_user(self, user: str, name: str, *, is_bot: bool = False) -> None:
         with self._lock:
             self.users[user] = {"id": user, "team_id": TEAM, "name": name.lower(),
@@ -107,6 +115,19 @@ class Workspace:
 
     def _m_apps_connections_open(self, p: dict) -> dict:
         return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={uuid.uuid4()}"}
+
+    def _m_conversations_open(self, p: dict) -> dict:
+        if p.get("channel"):
+            return {"ok": True, "no_op": True, "already_open": True,
+                    "channel": {"id": p["channel"]}}
+        users = [u for u in str(p.get("users", "")).split(",") if u]
+        if len(users) != 1:  # a group DM (mpim) is not needed by Steward
+            return {"ok": False, "error": "not_implemented" if users else "users_list_not_supplied"}
+        if users[0] not in self.users:
+            return {"ok": False, "error": "user_not_found"}
+        opened = users[0] in self.dms
+        return {"ok": True, "no_op": opened, "already_open": opened,
+                "channel": {"id": self.dm_of(users[0])}}
 
     def _m_chat_postMessage(self, p: dict) -> dict:  # noqa: N802 - Slack's method name
         channel = p.get("channel", "")
@@ -206,6 +227,11 @@ class Workspace:
         if missing_ok:
             return None
         raise KeyError(f"no message {ts} in {channel}")
+
+
+def is_user_id(value: str) -> bool:
+    """A person's id (U..., or W... on Enterprise Grid), not a conversation's."""
+    return value[:1] in ("U", "W") and value[1:].isalnum()
 
 
 def _json_param(value: Any) -> dict | None:
