@@ -193,6 +193,14 @@ async def test_every_attempt_goes_to_the_ledger(make_agent):
     assert "slow down" in rows[0].error
 
 
+async def test_a_long_rate_limit_is_told_with_how_long_to_wait(make_agent):
+    agent = make_agent(ScriptedModel([RateLimited("slow down", retry_after=3600)]))
+    turn = await agent.say("hello")
+    await agent.run()
+    text = (await agent.store.get_task(turn)).result["text"]
+    assert "wait about 60 minutes" in text
+
+
 async def test_the_ledger_prices_each_call(make_agent):
     usage = Usage(input_tokens=2000, output_tokens=500, cache_read_tokens=1000)
     model = ScriptedModel([Response(text="hi", usage=usage),

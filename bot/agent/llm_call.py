@@ -104,6 +104,7 @@ class LLMCall(Effect):
         except LLMError as exc:
             # Retrying is done (or pointless): the turn tells the user what went wrong (or,
             # for a context overflow, compacts and tries once more).
-            return {"error": str(exc), "error_type": type(exc).__name__}
+            return {"error": str(exc), "error_type": type(exc).__name__,
+                    "retry_after": getattr(exc, "retry_after", None)}
         return {"response": response.model_dump(mode="json"),
                 "request_chars": request_chars(request)}

@@ -103,6 +103,10 @@ class Turn(TaskDef):
         if state != DONE or "error" in result:
             problem = result.get("error") or error or state
             text = f"Sorry, I could not get an answer from the model: {problem}"
+            if result.get("retry_after"):  # a rate limit longer than retries wait out
+                minutes = max(1, round(result["retry_after"] / 60))
+                text += f" (the provider asks me to wait about {minutes} minute" \
+                        f"{'s' if minutes > 1 else ''}; please ask again then)"
             return self._answer(ctx, text, error=True)
         response = Response.model_validate(result["response"])
         if not response.tool_calls:

@@ -6,9 +6,9 @@ time in [0, min(max_delay, base_delay * 2**(n-1))].
 
 A rate limit with a `retry_after` is honoured exactly, without jitter, even beyond
 `max_delay`, up to `RETRY_AFTER_CAP` times `max_delay`. A server that asks for more than
-that is not retried here: the RateLimited error is raised at once (its `retry_after`
-tells the durable task layer when to come back), since waiting less than asked would only
-earn another 429 and burn attempts.
+that is not retried here: the RateLimited error is raised at once (the turn tells the user
+how long the provider asks to wait), since waiting less than asked would only earn another
+429 and burn attempts.
 
 Hooks: `on_attempt(response, None)` / `on_attempt(None, error)` after every attempt,
 failed ones included (the usage ledger); `on_retry(attempt, error, delay)` before each
