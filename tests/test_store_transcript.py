@@ -535,3 +535,18 @@ async def test_a_nul_character_is_stored_as_a_replacement_on_every_backend(store
     assert (await store.get_task(task_id)).inputs == {"text": "in\x00puts"}  # JSON escapes it
     assert await store.submission_state("email", "<id\x00@x>") is not None
     assert (await store.get_conversation("email:<nul\x00@x>")).id == conv.id
+
+
+async def test_sqlite_connections_are_durable_and_checked(tmp_path):
+    # WAL (readers never block the writer), a full fsync per commit, foreign keys on, and
+    # a busy timeout instead of an immediate "database is locked", on every connection.
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 's.db'}")
+    try:
+        for engine in (store._engines.write, store._engines.read):
+            async with engine.connect() as conn:
+                values = [(await conn.exec_driver_sql(f"PRAGMA {p}")).scalar()
+                          for p in ("journal_mode", "synchronous", "foreign_keys",
+                                    "busy_timeout")]
+            assert values == ["wal", 2, 1, 30000]
+    finally:
+        await store.close()
