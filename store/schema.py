@@ -82,6 +82,7 @@ entries = Table(
     Column("created_at", Float, nullable=False),
     UniqueConstraint("conversation_id", "seq", name="uq_entries_conversation_seq"),
     Index("ix_entries_task", "task_id"),
+    Index("ix_entries_conversation_id", "conversation_id", "id"),  # search by scope (0005)
 )
 
 tasks = Table(
