@@ -2,6 +2,7 @@
 history kept to its own document. Every test runs on SQLite and PostgreSQL."""
 
 import asyncio
+import copy
 import random
 
 import pytest
@@ -339,9 +340,10 @@ async def test_parallel_edits_from_one_base_version_land_exactly_once(store):
     ns = conversation_namespace(conv.id)
     await edit(store, conv, "list", [{"op": "set", "path": ["items"], "value": list("abcd")}])
 
+    base = await store.read_document(ns, "list")  # every edit is made against this one
+
     async def remove(index: int):
-        base = await store.read_document(ns, "list")
-        draft = Draft(base.value)
+        draft = Draft(copy.deepcopy(base.value))
         del draft.root["items"][index]
         w = Writes()
         w.edit_document(ns, "list", draft.ops, base_version=base.version,
