@@ -47,6 +47,34 @@ async def test_an_answer_streams_into_one_message(store, tmp_path, slack):
     assert all(answer.startswith(u.removesuffix(" …")) for u in updates)
 
 
+UPDATE_EVERY = 0.5  # `[slack] stream_update_seconds` in the test below
+JITTER = 0.05  # clock noise: the fake stamps a call when it has done it
+
+
+async def test_a_fast_stream_edits_its_message_no_faster_than_stream_update_seconds(
+        store, tmp_path, slack):
+    # The model streams a chunk every ~10 ms and the agent commits a partial every ~100 ms;
+    # Slack sees the message written (posted, then edited) at most every UPDATE_EVERY, the
+    # final edit included, and the whole answer in the end.
+    answer = " ".join(f"word{i}" for i in range(120))
+    model = ScriptedModel([Response(text=answer)], chunk_chars=4, delay=0.01)
+    async with SlackRig(store, tmp_path, slack, client=model,
+                        stream_update_seconds=UPDATE_EVERY) as rig:
+        _, body = says(slack, DM, ALICE, "talk to me, fast")
+        await rig.send(body)
+        await rig.settle()
+    [message] = slack.bot_messages(DM)
+    assert message["text"] == answer
+    [post] = slack.calls_of("chat.postMessage")
+    updates = [c for c in slack.calls_of("chat.update") if c.params["ts"] == message["ts"]]
+    assert len(updates) >= 3, [u.params["text"] for u in updates]  # it did stream
+    assert updates[-1].params["text"] == answer
+    assert all(u.params["text"].endswith(" …") for u in updates[:-1])
+    writes = [post.at] + [u.at for u in updates]
+    gaps = [round(b - a, 3) for a, b in zip(writes, writes[1:], strict=False)]
+    assert min(gaps) >= UPDATE_EVERY - JITTER, gaps
+
+
 async def test_a_long_answer_is_split_into_keyed_parts(store, tmp_path, slack):
     paragraph = "A sentence that goes on. " * 40
     answer = "\n\n".join(f"{i}. {paragraph}" for i in range(10))  # ~10 000 characters

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.agent.context import WITHDRAWS
+from bot.tools.base import known_timezone
 from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
 
 TURN = "turn"
+TIMEZONE = "timezone"  # a turn's input (and its message's data): the author's IANA zone
 WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
 WITHDRAW_ATTEMPTS = 5
 SETTLE_SECONDS, SETTLE_POLL = 2.0, 0.02  # waiting out a turn's start phase (milliseconds)
@@ -29,21 +31,28 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                          conversation_key: str, text: str, author: str | None = None,
                          owner: str | None = None, reply_to: dict[str, Any] | None = None,
                          data: dict[str, Any] | None = None,
-                         scope: str | None = None,
+                         scope: str | None = None, timezone: str | None = None,
                          extra: Callable[[Conversation, Writes], None] | None = None
                          ) -> Accepted:
     """`scope` says who may later see what is said here (search, memory): "private:<person>"
     for a DM, a mail thread or the terminal (the default, with `owner`), "channel:<id>" for
-    a shared channel. `extra(conversation, writes)` adds the channel's own writes to the
-    same commit (a mailbox cursor, attachments), so they land with the message or not."""
+    a shared channel. `timezone` is the author's IANA zone if the channel knows it (a Slack
+    profile's); it is stored with the turn (and the entry), so the turn's tools use it even
+    when the turn is resumed after a restart. Anything not a known zone is dropped: the
+    configured zone applies. `extra(conversation, writes)` adds the channel's own writes to
+    the same commit (a mailbox cursor, attachments), so they land with the message or not."""
     conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
+    zone = known_timezone(timezone)
     w = Writes()
-    turn_id = w.spawn(TURN, {"channel": channel, "reply_to": reply_to or {}},
-                      conversation_id=conversation.id)
+    inputs: dict[str, Any] = {"channel": channel, "reply_to": reply_to or {}}
+    entry_data: dict[str, Any] = {"channel": channel, **(data or {})}
+    if zone is not None:
+        inputs[TIMEZONE] = entry_data[TIMEZONE] = zone
+    turn_id = w.spawn(TURN, inputs, conversation_id=conversation.id)
     w.submit(channel, *external_ids, conversation_id=conversation.id, task_id=turn_id,
              payload={"author": author})
     w.append(conversation.id, "user", text, author=author, ref=external_ids[0],
-             data={"channel": channel, **(data or {})}, task_id=turn_id)
+             data=entry_data, task_id=turn_id)
     if extra is not None:
         extra(conversation, w)
     result = await store.commit(w)

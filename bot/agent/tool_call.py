@@ -2,10 +2,12 @@
 answered with an error, which is safe to repeat)."""
 
 from bot.agent.deps import AgentDeps
+from bot.agent.inbox import TIMEZONE
 from bot.llm.types import ToolCall
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
-from bot.tools import ToolContext, ToolResult
+from bot.tools import ToolContext, ToolResult, known_timezone
+from store import NotFound, Task
 
 
 class ToolCallTask(Effect):
@@ -30,11 +32,12 @@ class ToolCallTask(Effect):
         async def save_partial(value):
             await ctx.save_checkpoint({**(ctx.checkpoint or {}), "partial": value})
 
-        origin, key = {}, None
+        origin, key, zone = {}, None, None
         if ctx.task.parent_id:
             turn = await self.deps.store.get_task(ctx.task.parent_id)
             origin = {"channel": turn.inputs.get("channel"),
                       "reply_to": turn.inputs.get("reply_to", {})}
+            zone = await self._zone_of(turn)
         if ctx.task.conversation_id is not None:
             key = (await self.deps.store.get_conversation_by_id(ctx.task.conversation_id)).key
         # The key the turn reserved for this call (`<turn>.<round>.<n>`); a task spawned
@@ -42,8 +45,22 @@ class ToolCallTask(Effect):
         return ToolContext(store=self.deps.store, task_id=ctx.task.id,
                            conversation_id=ctx.task.conversation_id, conversation_key=key,
                            idem_key=ctx.idem_key or ctx.task.id, writes=ctx.writes,
-                           http=self.deps.http, timezone=self.deps.config.agent.timezone,
+                           http=self.deps.http,
+                           timezone=zone or self.deps.config.agent.timezone,
                            save_partial=save_partial, origin=origin)
+
+    async def _zone_of(self, turn: Task) -> str | None:
+        """The zone of the person the turn answers: stored with their message (a Slack
+        profile's), or, for a schedule's occurrence, the schedule's own; None when neither
+        is known (email, the terminal): the configured zone then."""
+        zone = known_timezone(turn.inputs.get(TIMEZONE))
+        if zone is None and turn.inputs.get("schedule"):
+            try:
+                schedule = await self.deps.store.get_schedule(turn.inputs["schedule"])
+            except NotFound:
+                return None
+            zone = known_timezone(schedule.timezone)
+        return zone
 
     async def reconcile(self, ctx: TaskContext):
         call, tool = self._call(ctx)

@@ -6,9 +6,10 @@ from bot.tools.base import (
     ToolContext,
     ToolModuleError,
     ToolResult,
+    known_timezone,
     tool,
 )
 from bot.tools.builtin import builtin_tools
 
 __all__ = ["Tool", "ToolBox", "ToolContext", "ToolModuleError", "ToolResult", "builtin_tools",
-           "tool"]
+           "known_timezone", "tool"]

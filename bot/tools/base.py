@@ -25,6 +25,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 import pydantic_core
@@ -36,7 +37,7 @@ from store import Store, Writes
 
 __all__ = [
     "MAX_RESULT_CHARS", "Tool", "ToolBox", "ToolContext", "ToolModuleError", "ToolResult",
-    "tool",
+    "known_timezone", "tool",
 ]
 
 MAX_RESULT_CHARS = 50_000
@@ -47,6 +48,24 @@ async def _no_partial(value: Any) -> None:
     return None
 
 
+_ZONE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$")
+_NOT_ZONES = {"localtime", "posixrules", "Factory"}  # files in the zone dir, not places
+
+
+def known_timezone(name: Any) -> str | None:
+    """`name` if it is an IANA timezone name this system knows ("Europe/Vienna", "UTC"),
+    else None: what a channel says about a person (Slack's `user.tz`) may be missing,
+    empty, stale or anything at all, and a stored one may be gone from a newer tzdata."""
+    if not isinstance(name, str) or len(name) > 64 or not _ZONE_NAME.match(name) \
+            or name in _NOT_ZONES or name.startswith(("posix/", "right/")):
+        return None
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+    return name
+
+
 class ToolContext:
     """What a tool sees while it runs, built by the runtime for one tool-call task.
 
@@ -55,7 +74,8 @@ class ToolContext:
     - `save_partial(value)`: commit partial output now (long unsafe tools: after a crash
       the agent is told what had been done);
     - `idem_key`: the idempotency key reserved for `keyed` tools;
-    - `http`: the shared HTTP client; `timezone`: the user's IANA timezone;
+    - `http`: the shared HTTP client; `timezone`: the IANA timezone of the person the turn
+      answers (their Slack profile's, stored with their message), else the configured one;
     - `origin`: the channel and reply routing of the turn that called the tool.
     """
 

@@ -1,12 +1,17 @@
-"""What Steward reads besides the message itself: people's names (users.info, cached), and
-the earlier messages of a thread it enters (conversations.replies), as context."""
+"""What Steward reads besides the message itself: people's names and timezones (users.info,
+cached), and the earlier messages of a thread it enters (conversations.replies), as
+context."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 from slack_sdk.errors import SlackApiError
+
+from bot.tools import known_timezone
 
 from .events import Identity, Inbound
 from .web import SlackWeb
@@ -17,30 +22,43 @@ MAX_THREAD_MESSAGES = 100  # the newest ones before Steward was asked
 MAX_MESSAGE_CHARS = 4000
 PAGES = 5
 REMEMBERED = 2000
+FRESH_SECONDS = 3600.0  # a person's name and zone are asked again after this (travel)
+
+
+class Person(NamedTuple):
+    name: str  # the display name (their id if Slack will not say)
+    timezone: str | None  # their profile's IANA zone (`user.tz`) if it is a known one
 
 
 class People:
     def __init__(self, web: SlackWeb):
         self.web = web
-        self._names: OrderedDict[str, str] = OrderedDict()
+        self._people: OrderedDict[str, tuple[Person, float]] = OrderedDict()
 
-    async def name(self, user: str) -> str:
-        """A person's display name (their id if Slack will not say)."""
+    async def person(self, user: str) -> Person:
+        """Who `user` is, from users.info, asked at most every FRESH_SECONDS (a failed
+        look-up gives their id and no zone, until it is asked again)."""
         if not user.startswith(("U", "W")):
-            return user
-        if user not in self._names:
+            return Person(user, None)
+        known = self._people.get(user)
+        if known is None or time.monotonic() - known[1] > FRESH_SECONDS:
             try:
                 info = (await self.web.call("users_info", user=user)).get("user") or {}
                 profile = info.get("profile") or {}
-                name = (profile.get("display_name") or info.get("real_name")
-                        or info.get("name") or user)
+                found = Person(profile.get("display_name") or info.get("real_name")
+                               or info.get("name") or user, known_timezone(info.get("tz")))
             except SlackApiError as exc:
                 log.info("slack: users.info %s: %s", user, exc.response.get("error"))
-                name = user
-            self._names[user] = name
-            while len(self._names) > REMEMBERED:
-                self._names.popitem(last=False)
-        return self._names[user]
+                found = Person(user, None)
+            self._people.pop(user, None)
+            self._people[user] = known = (found, time.monotonic())
+            while len(self._people) > REMEMBERED:
+                self._people.popitem(last=False)
+        return known[0]
+
+    async def name(self, user: str) -> str:
+        """A person's display name (their id if Slack will not say)."""
+        return (await self.person(user)).name
 
 
 async def thread_history(web: SlackWeb, me: Identity, people: People, ev: Inbound, *,

@@ -133,10 +133,11 @@ class Inbox:
 
     async def _submit(self, ev: Inbound, key: str, ids: list[str], text: str) -> None:
         where = routing.reply_to(ev)
+        person = await self.people.person(ev.user)
         accepted = await submit_message(
             self.store, channel=CHANNEL, external_ids=ids, conversation_key=key, text=text,
-            author=await self.people.name(ev.user), owner=routing.owner(ev),
-            scope=routing.scope(ev), reply_to=where,
+            author=person.name, owner=routing.owner(ev), scope=routing.scope(ev),
+            reply_to=where, timezone=person.timezone,
             data={"slack": {"channel": ev.channel, "ts": ev.ts, "user": ev.user,
                             "thread_ts": ev.thread_ts, "event_id": ev.event_id}})
         if not accepted.duplicate:

@@ -78,6 +78,7 @@ class SlackChannel:
                 result: dict[str, Any] = {"skipped": "the question was deleted",
                                           "removed": removed}
             else:
+                await self.streams.pace(message.key)
                 shown = await self.messages.write(message.key, where, parts)
                 result = {"channel": shown[0].channel, "ts": shown[0].ts,
                           "parts": [p.ts for p in shown]}

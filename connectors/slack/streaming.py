@@ -5,7 +5,9 @@ carrying the turn id. For a turn that answers in Slack, the first partial posts 
 answer's message under the delivery's own key (`<turn>.answer`, in the metadata); later
 ones edit it at most every `stream_update_seconds` (intermediate texts are skipped, and a
 429 from Slack simply stretches the interval). The final delivery edits the same message
-(`SlackChannel.send` marks the key finished first, so no stream edit lands after it).
+(`SlackChannel.send` marks the key finished first, so no stream edit lands after it), and
+waits out what is left of the interval since the last stream write (`pace`), so the
+message is never written more often than that, the final edit included.
 After a restart the key finds the same message, so the answer continues in place.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +59,7 @@ class Streams:
         self._streams: dict[str, _Stream] = {}
         self._turns: OrderedDict[str, dict | None] = OrderedDict()  # turn -> reply_to
         self._finished: OrderedDict[str, None] = OrderedDict()
+        self._written: OrderedDict[str, float] = OrderedDict()  # key -> last write (monotonic)
 
     def start(self) -> None:
         self._queue = self.events.subscribe(None)
@@ -76,6 +80,15 @@ class Streams:
         stream = self._streams.pop(key, None)
         if stream is not None and stream.task is not None and not stream.writing:
             stream.task.cancel()
+
+    async def pace(self, key: str) -> None:
+        """Wait until the last stream write of `key` is `interval` ago (the final edit
+        calls it holding the key's lock, so no stream write can come in between)."""
+        written = self._written.pop(key, None)
+        if written is not None:
+            left = written + self.interval - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
 
     async def _listen(self) -> None:
         assert self._queue is not None
@@ -127,7 +140,10 @@ class Streams:
                             return
                         parts = render(stream.text)
                         parts[-1] += TYPING
-                        await self.messages.write(stream.key, stream.where, parts)
+                        try:
+                            await self.messages.write(stream.key, stream.where, parts)
+                        finally:  # (a failed write may have reached Slack too)
+                            _bounded_add(self._written, stream.key, time.monotonic())
                         stream.writes += 1
                         if stream.writes > 1:  # an edit (the first write posts)
                             kill_point("slack-stream-updated", "slack")
@@ -148,8 +164,8 @@ class Streams:
                 del self._streams[stream.key]
 
 
-def _bounded_add(seen: OrderedDict, key: str) -> None:
-    seen[key] = None
+def _bounded_add(seen: OrderedDict, key: str, value: object = None) -> None:
+    seen[key] = value
     seen.move_to_end(key)
     while len(seen) > REMEMBERED:
         seen.popitem(last=False)

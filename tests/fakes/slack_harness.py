@@ -47,17 +47,19 @@ def echo_model(**kwargs: Any) -> ScriptedModel:
 class SlackRig:
     def __init__(self, store: Store, home: Path, slack: FakeSlack, client: Any = None,
                  *, tools: list | None = None, run_tasks: bool = True,
-                 options: RunnerOptions = OPTIONS, **slack_config: Any):
+                 options: RunnerOptions = OPTIONS, agent: dict | None = None,
+                 **slack_config: Any):
         """`tools`: the agent's tools (default: the built-ins); `run_tasks=False` leaves the
         runner off until `start_runner()` (events are taken in, nothing is answered);
-        `options`: the runner's (attempt limits, backoff)."""
+        `options`: the runner's (attempt limits, backoff); `agent`: the `[agent]` section
+        (its timezone, say)."""
         self.store = store
         self.slack = slack
         self.port = free_port()
         section = {"enabled": True, "mode": "http", "http_port": self.port,
                    "api_base_url": slack.url, "allowed_users": ["U0ALICE"],
                    "stream_update_seconds": 0.2, **slack_config}
-        self.config = build_config({"slack": section, "runtime": {
+        self.config = build_config({"slack": section, "agent": agent or {}, "runtime": {
             "retry_base_seconds": 0.05, "retry_max_seconds": 0.1}}, home=home, env=ENV)
         self.client = client or echo_model()
         self.http = httpx.AsyncClient(timeout=30)

@@ -10,7 +10,9 @@ import json
 import threading
 import time
 import uuid
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 TEAM = "T0FAKE"
 BOT_USER = "U0STEWARD"
@@ -100,11 +102,34 @@ class Workspace:
         with self._lock:
             return self.dms.setdefault(user, "D" + user[1:])
 
-    def add_user(self, user: str, name: str, *, is_bot: bool = False) -> None:
+    def add_user(self, user: str, name: str, *, is_bot: bool = False,
+                 tz: str | None = "UTC") -> None:
+        """A person, with their profile's timezone as users.info gives it (`tz`, `tz_label`,
+        `tz_offset`); `tz=None` leaves the fields out, and any other string is given as is
+        (Slack's data is not to be trusted blindly)."""
         with self._lock:
             self.users[user] = {"id": user, "team_id": TEAM, "name": name.lower(),
                                 "real_name": name, "is_bot": is_bot,
                                 "profile": {"real_name": name, "display_name": name}}
+            self.set_tz(user, tz)
+
+    def set_tz(self, user: str, tz: str | None) -> None:
+        """Change a person's timezone (they travelled, or changed their profile)."""
+        with self._lock:
+            info = self.users[user]
+            for k in ("tz", "tz_label", "tz_offset"):
+                info.pop(k, None)
+            if tz is None:
+                return
+            info["tz"] = tz
+            try:
+                now = datetime.now(ZoneInfo(tz))
+            except (ZoneInfoNotFoundError, ValueError):
+                info.update(tz_label="", tz_offset=0)
+                return
+            offset = now.utcoffset()
+            info.update(tz_label=now.tzname() or tz,
+                        tz_offset=int(offset.total_seconds()) if offset else 0)
 
     # -- Web API methods (called with the lock held) ----------------------------------
 
@@ -218,7 +243,8 @@ class Workspace:
 
     def _m_users_info(self, p: dict) -> dict:
         user = self.users.get(p.get("user", ""))
-        return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}
+        return {"ok": True, "user": dict(user)} if user else {"ok": False,
+                                                             "error": "user_not_found"}
 
     def _find(self, channel: str, ts: str, missing_ok: bool = False) -> dict | None:
         for m in self.messages.get(channel, []):
