@@ -282,3 +282,22 @@ async def test_ask_through_a_cut_stream_prints_one_complete_answer(home):
                                            home / "config.toml")))
     assert code == 0, err
     assert out == "A long and careful answer about the roof.\n"
+
+
+async def test_resume_exits_while_a_queue_waits_behind_a_long_backoff(home):
+    # The older turn is in an outage's backoff for an hour; the one queued behind it must
+    # not keep `resume` running (it sleeps until the older one ends).
+    store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    first = await submit_message(store, channel="cli", external_ids=["one"],
+                                 conversation_key="cli:queue", text="first", author="you")
+    await submit_message(store, channel="cli", external_ids=["two"],
+                         conversation_key="cli:queue", text="second", author="you")
+    async with store._engines.write.begin() as conn:
+        await conn.execute(update(tasks).where(tasks.c.id == first.turn_id)
+                           .values(run_after=time.time() + 3600, attempts=1))
+    await store.close()
+    started = time.monotonic()
+    code, out, err = await steward(home, "resume")
+    assert code == 0, err
+    assert time.monotonic() - started < 30
+    assert "pending 2" in out and "the next retry is due" in out

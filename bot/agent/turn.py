@@ -24,8 +24,10 @@ from bot.memory.recall import recall
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
 from store import DONE, INTERRUPTED, Task
 
-# Seconds a queued turn sleeps at most: the older turn wakes it as soon as it ends.
-WAIT_FOR_OLDER_TURN = 60.0
+# Seconds a queued turn sleeps at most. Only a safety net: the older turn's last commit wakes
+# it (race-free, see store/commit.py). Longer than `steward resume` waits for work due soon,
+# so a queue behind a turn riding out an outage does not keep `resume` from exiting.
+WAIT_FOR_OLDER_TURN = 600.0
 
 INTERRUPTED_NOTE = ("error: this tool call was interrupted (Steward stopped while it ran) and "
                     "was not repeated, because it may already have taken effect.")
