@@ -24,16 +24,23 @@ from sqlalchemy import (
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+def storable(value: str) -> str:
+    """Text both backends can store. PostgreSQL text cannot hold a NUL, and no UTF-8 can
+    hold a lone surrogate (JSON like "\\ud83d" decodes to one); either would make its step
+    fail again on every retry. NUL becomes U+FFFD and a lone surrogate "?", on both
+    backends, so they agree. Statements written as `text()` call it on their strings."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
 
 class _NoNul:
-    """PostgreSQL text cannot hold a NUL character, and one (in a mail body, a Slack
-    message, an exception text) would make the whole step fail again on every retry. It is
-    stored as U+FFFD on both backends, so they agree."""
-
     def process_bind_param(self, value, dialect):
-        if isinstance(value, str) and "\x00" in value:
-            return value.replace("\x00", "\ufffd")
-        return value
+        return storable(value) if isinstance(value, str) else value
 
 
 class SafeText(_NoNul, TypeDecorator):

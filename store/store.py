@@ -29,7 +29,7 @@ from store.records import (
     schedule_from_row,
     task_from_row,
 )
-from store.schema import conversations, entries, submissions, tasks, usage
+from store.schema import conversations, entries, storable, submissions, tasks, usage
 from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
 from store.writes import Writes
@@ -325,17 +325,19 @@ class Store:
 
     async def known_submissions(self, channel: str, external_ids: list[str]) -> set[str]:
         """Which of `external_ids` the channel has already taken in (a batch's dedupe)."""
+        stored = {storable(x): x for x in external_ids}  # as the column keeps them
+        ids = list(stored)
         found: set[str] = set()
         async with self._engines.read.connect() as conn:
-            for i in range(0, len(external_ids), _KNOWN_PER_QUERY):
-                part = external_ids[i:i + _KNOWN_PER_QUERY]
+            for i in range(0, len(ids), _KNOWN_PER_QUERY):
+                part = ids[i:i + _KNOWN_PER_QUERY]
                 if self.dialect == "postgresql":
                     rows = await conn.execute(_PG_KNOWN, {"ids": part, "channel": channel})
                 else:
                     rows = await conn.execute(select(submissions.c.external_id).where(
                         submissions.c.channel == channel,
                         submissions.c.external_id.in_(part)))
-                found.update(r[0] for r in rows)
+                found.update(stored[r[0]] for r in rows)
         return found
 
     async def list_submissions(self, *, state: str | None = None, channel: str | None = None,
@@ -387,6 +389,6 @@ class Store:
                     conversations.c.key == conversation_key))).scalar()
                 if conversation_id is None:
                     raise NotFound(f"no conversation {conversation_key!r}")
-            return await _search.search(conn, self.dialect, query, scopes=scopes,
+            return await _search.search(conn, self.dialect, storable(query), scopes=scopes,
                                         conversation_id=conversation_id, limit=limit,
                                         offset=offset, now=clock, context=context)

@@ -550,3 +550,21 @@ async def test_sqlite_connections_are_durable_and_checked(tmp_path):
             assert values == ["wal", 2, 1, 30000]
     finally:
         await store.close()
+
+
+async def test_unstorable_text_in_raw_statements_and_lone_surrogates(store):
+    # A lone surrogate (JSON "\ud83d" decodes to one) cannot be encoded at all, and raw
+    # statements (search, the import's dedupe) bind their strings themselves.
+    conv = await store.ensure_conversation("cli:odd")
+    w = Writes()
+    w.submit("slack", "ev\x00\ud83d", conversation_id=conv.id)
+    w.append(conv.id, "user", "broken \ud83d emoji and a\x00nul", author="x\ud800")
+    assert not (await store.commit(w)).duplicate
+    [entry] = await store.entries_page(conv.id, limit=5)
+    assert entry.text == "broken ? emoji and a\ufffdnul" and entry.author == "x?"
+    assert await store.known_submissions("slack", ["ev\x00\ud83d", "other"]) == {
+        "ev\x00\ud83d"}
+    # a query like any other, not an error: NUL and the surrogate are cleaned as stored
+    assert [h.entry.seq for h in await store.search("a\x00nul \ud83d")] == [entry.seq]
+    [hit] = await store.search("emoji")
+    assert hit.entry.seq == entry.seq
