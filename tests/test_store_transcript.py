@@ -568,3 +568,33 @@ async def test_unstorable_text_in_raw_statements_and_lone_surrogates(store):
     assert [h.entry.seq for h in await store.search("a\x00nul \ud83d")] == [entry.seq]
     [hit] = await store.search("emoji")
     assert hit.entry.seq == entry.seq
+
+
+async def test_slack_conversations_from_before_the_scope_rule_get_it(store_url):
+    engines = create_engines(store_url)
+    rows = {"slack:T:C1:17.5": "private:slack:T:UANA",  # a channel thread: shared now
+            "slack:T:G9:18.1": "private:slack:T:UBOB",  # a group DM's thread: shared now
+            "slack:T:D1": "private:slack:T:UANA",  # Ana's DM: stays hers
+            "slack:T:D7": "private:local",  # a refused DM: no longer the terminal user's
+            "slack:T:D7:19.2": "private:local",
+            "cli:default": "private:local"}
+    try:
+        await migrate(engines, "0005")
+        async with engines.write.begin() as conn:
+            for key, scope in rows.items():
+                await conn.execute(text(
+                    "insert into conversations (key, last_seq, meta, scope, created_at, "
+                    "updated_at) values (:key, 0, '{}', :scope, 0, 0)"),
+                    {"key": key, "scope": scope})
+    finally:
+        await engines.dispose()
+    store = await open_store(store_url)
+    try:
+        scopes = {key: (await store.get_conversation(key)).scope for key in rows}
+    finally:
+        await store.close()
+    assert scopes == {"slack:T:C1:17.5": "channel:C1", "slack:T:G9:18.1": "channel:G9",
+                      "slack:T:D1": "private:slack:T:UANA",
+                      "slack:T:D7": "private:slack-dm:T:D7",
+                      "slack:T:D7:19.2": "private:slack-dm:T:D7",
+                      "cli:default": "private:local"}
