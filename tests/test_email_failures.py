@@ -1,14 +1,18 @@
 """A message that fails on its own never blocks the mailbox: it is tried a few times, then
 quarantined with the reason, and the mail after it is answered. An outage (the server or
-the store down) is not the message's fault: it is waited out, however long, and nothing is
-quarantined for it. And a NUL byte in a mail, which the store once refused on PostgreSQL."""
+the store down, the server's storage refusing with `NO [UNAVAILABLE]`) is not the message's
+fault: it is waited out, however long, and nothing is quarantined for it; nor is a failure
+of any kind that lasts less than `message_quarantine_seconds`. And a NUL byte in a mail,
+which the store once refused on PostgreSQL."""
 
 import json
 from pathlib import Path
 
 import pytest
+from aioimaplib import aioimaplib
 
 from connectors.email import cursor as cursors
+from connectors.email import imap as imap_module
 from connectors.email import intake as intake_module
 from connectors.email.imap import ImapError, ImapSession
 from connectors.email.watcher import Watcher
@@ -26,6 +30,9 @@ CORPUS = Path(__file__).parent / "mail_corpus"
 async def make_rig(store, account, sink, tmp_path, monkeypatch):
     monkeypatch.setattr(Watcher, "message_retry_seconds", 0.01)
     monkeypatch.setattr(Watcher, "reconnect_seconds", 0.01)
+    # No minimum time a message must have been failing before its quarantine (unless a
+    # test sets one): `message_attempts` alone decides, quickly.
+    monkeypatch.setattr(Watcher, "message_quarantine_seconds", 0.0)
     made = []
 
     def make(**email) -> Rig:
@@ -140,6 +147,64 @@ async def test_an_outage_is_waited_out_not_blamed_on_the_message(make_rig, accou
     await rig.settle()
     assert reply.message["In-Reply-To"] == "<patient@example.com>"
     assert state["failed"] == outages and len(sink.messages) == 1
+    assert await store.list_submissions(state="quarantined", channel="email") == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
+async def test_a_storage_outage_the_server_reports_is_waited_out(make_rig, account, sink,
+                                                                 store, monkeypatch):
+    """The server answers NOOP and SEARCH but refuses every message body with `NO
+    [UNAVAILABLE]` (RFC 5530) for longer than a message's tries, then recovers: the mail is
+    answered and nothing is quarantined, though no minimum failing time protects it."""
+    first = await account.append(mail(message_id="first@example.com", subject="First"))
+    await account.append(mail(message_id="second@example.com", subject="Second"))
+    outage = Watcher.message_attempts + 3  # refusals of the first message's FETCH
+    state = {"refused": 0, "peeks": 0}
+    real_uid = imap_module._Client.uid
+
+    async def uid(self, command, *args, **kwargs):
+        if command == "fetch" and "BODY.PEEK[]" in args[-1] and state["refused"] < outage:
+            if args[0] == str(first) and args[-1] == "(UID BODY.PEEK[])":
+                state["refused"] += 1
+            else:
+                state["peeks"] += 1  # the watcher looking whether another message reads
+            return aioimaplib.Response("NO", [b"[UNAVAILABLE] Mail storage is unavailable"])
+        return await real_uid(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(imap_module._Client, "uid", uid)
+    rig = await make_rig().start(connected=False)
+    replies = await sink.wait_for(2, seconds=30)
+    await rig.settle()
+    assert sorted(r.message["In-Reply-To"] for r in replies) == [
+        "<first@example.com>", "<second@example.com>"]
+    assert state["refused"] == outage and state["peeks"] > 0
+    assert len(sink.messages) == 2
+    assert await store.list_submissions(state="quarantined", channel="email") == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
+async def test_failures_shorter_than_the_quarantine_time_quarantine_nothing(
+        make_rig, account, sink, store, monkeypatch):
+    """A refusal that looks like the message's own (no outage code, NOOP fine) but lasts
+    only a short while, over more than `message_attempts` tries: the message has not been
+    failing for `message_quarantine_seconds`, so it is tried again until it goes through."""
+    monkeypatch.setattr(Watcher, "message_quarantine_seconds", 60.0)
+    await account.append(mail(message_id="hiccup@example.com", subject="Hiccup"))
+    tries = []
+    real_fetch = ImapSession.fetch
+
+    async def fetch(self, uid):
+        if len(tries) < Watcher.message_attempts + 2:
+            tries.append(uid)
+            raise ImapError("FETCH: NO Internal error occurred")
+        return await real_fetch(self, uid)
+
+    monkeypatch.setattr(ImapSession, "fetch", fetch)
+    rig = await make_rig().start()
+    [reply] = await sink.wait_for(1, seconds=30)
+    await rig.settle()
+    assert reply.message["In-Reply-To"] == "<hiccup@example.com>"
+    assert len(tries) == Watcher.message_attempts + 2 and len(sink.messages) == 1
     assert await store.list_submissions(state="quarantined", channel="email") == []
 
 

@@ -18,8 +18,27 @@ FETCH_SIZE = re.compile(rb"RFC822\.SIZE (\d+)")
 FLAGS = re.compile(rb"FLAGS \(([^)]*)\)")
 
 
+# RFC 5530 response codes that say the server (its storage, a lock, a limit, a bug of its
+# own) is in trouble now, rather than that the request or the message is bad.
+OUTAGE_CODES = frozenset({"UNAVAILABLE", "INUSE", "LIMIT", "SERVERBUG"})
+RESPONSE_CODE = re.compile(r"\b(?:NO|BAD) \[([A-Za-z0-9-]+)")
+
+
 class ImapError(Exception):
-    """The server said NO or BAD."""
+    """The server said NO or BAD. `code`: the response code of its answer (RFC 5530, e.g.
+    "UNAVAILABLE"), if it gave one; read from the text when not given."""
+
+    def __init__(self, text: str, code: str | None = None):
+        super().__init__(text)
+        if code is None and (found := RESPONSE_CODE.search(text)):
+            code = found.group(1)
+        self.code = code.upper() if code else None
+
+    @property
+    def outage(self) -> bool:
+        """The server says it cannot do this now (storage down, in use, a limit, its own
+        bug), which may be the whole mailbox's trouble rather than the message's."""
+        return self.code in OUTAGE_CODES
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,12 @@ class _Client(aioimaplib.IMAP4):
 def _check(response, what: str):
     if response.result != "OK":
         text = b" ".join(line for line in response.lines if isinstance(line, bytes))
-        raise ImapError(f"{what}: {response.result} {text.decode('utf-8', 'replace')}")
+        # The tagged answer (the last line) carries the response code: "[UNAVAILABLE] ...".
+        last = response.lines[-1] if response.lines else b""
+        found = re.match(rb"\s*\[([A-Za-z0-9-]+)", bytes(last)) if isinstance(
+            last, (bytes, bytearray)) else None
+        raise ImapError(f"{what}: {response.result} {text.decode('utf-8', 'replace')}",
+                        found.group(1).decode() if found else None)
     return response
 
 
@@ -195,6 +219,11 @@ class ImapSession:
             if isinstance(line, bytearray) and i > 0 and b"BODY[]" in bytes(lines[i - 1]):
                 return bytes(line)
         return None
+
+    async def peek(self, uid: int) -> None:
+        """Read the first byte of a message's body (BODY.PEEK[]<0.1>): raises ImapError if
+        the server cannot read it now."""
+        _check(await self.client.uid("fetch", str(uid), "(UID BODY.PEEK[]<0.1>)"), "FETCH")
 
     async def flags(self, uid: int) -> set[str]:
         response = _check(await self.client.uid("fetch", str(uid), "(UID FLAGS)"), "FETCH")

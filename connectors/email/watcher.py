@@ -8,13 +8,18 @@ a changed UIDVALIDITY takes again everything that arrived since shortly before t
 last moved: what was taken before is recognised by its Message-ID and not answered twice.
 
 A message that fails on its own (the server refuses its FETCH, the store refuses what it
-became, a bug) is tried again a few times with a growing pause, then quarantined with the
-reason and passed, so it never blocks the mail after it. Failures are told apart from an
-outage by looking: after an error that is not a lost connection, the IMAP session and the
-store are probed, and if either is down the error is the outage's (reconnect, retry, not
-counted against the message). A lost connection while a message is fetched counts: a
-server that is down fails at connect or SELECT and never gets that far, while one that
-drops the connection on the same message every time would otherwise block the mailbox.
+became, a bug) is tried again with a growing pause and quarantined with the reason once it
+has failed `message_attempts` times over at least `message_quarantine_seconds`, then
+passed, so it never blocks the mail after it, while a short outage, whatever it looks like,
+never costs a message its place. Failures are told apart from an outage by looking: after
+an error that is not a lost connection, the IMAP session and the store are probed, and if
+either is down the error is the outage's (reconnect, retry, not counted against the
+message). A refusal with an outage code (RFC 5530: UNAVAILABLE, INUSE, LIMIT, SERVERBUG:
+the storage failing while NOOP still answers) is the outage's too, unless a later message
+of the mailbox can be read: then it is this message's, as a message the server chokes on
+every time would otherwise block the mailbox. A lost connection while a message is fetched
+counts: a server that is down fails at connect or SELECT and never gets that far, while one
+that drops the connection on the same message every time would otherwise block it too.
 The count is kept in memory: messages are taken strictly in UID order and the first one
 that fails stops the pass, so only one message can be failing at a time; a restart gives
 it a fresh set of tries, which costs seconds, not mail.
@@ -52,21 +57,28 @@ class _Failures:
     def __init__(self):
         self.at: tuple[int, int] | None = None
         self.count = 0
+        self.since = 0.0  # time.monotonic() of its first failure
 
     def note(self, uidvalidity: int, uid: int) -> int:
         if self.at != (uidvalidity, uid):
-            self.at, self.count = (uidvalidity, uid), 0
+            self.at, self.count, self.since = (uidvalidity, uid), 0, time.monotonic()
         self.count += 1
         return self.count
 
+    def failing_for(self) -> float:
+        """Seconds since the message's first failure."""
+        return time.monotonic() - self.since
+
     def clear(self) -> None:
-        self.at, self.count = None, 0
+        self.at, self.count, self.since = None, 0, 0.0
 
 
 class Watcher:
     reconnect_seconds = 1.0  # first pause before reconnecting, doubled up to MAX_BACKOFF
     message_attempts = 5  # tries of a message that fails on its own before its quarantine
+    message_quarantine_seconds = 120.0  # ... and how long at least it must have been failing
     message_retry_seconds = 1.0  # pause after its first failure, doubled after each
+    probe_messages = 3  # later messages tried to tell an outage code from a message's fault
 
     def __init__(self, intake: Intake, open_session, *, mailbox: str, idle_seconds: float,
                  poll_seconds: float, max_message_bytes: int):
@@ -91,9 +103,9 @@ class Watcher:
             except MessageFailed as exc:
                 delay = min(MAX_BACKOFF,
                             self.message_retry_seconds * 2 ** (exc.attempts - 1))
-                log.warning("email: message %d of %s failed (attempt %d of %d): %s; trying "
-                            "it again in %.1f s", exc.uid, self.mailbox, exc.attempts,
-                            self.message_attempts, _describe(exc.cause), delay,
+                log.warning("email: message %d of %s failed (attempt %d, for %.0f s): %s; "
+                            "trying it again in %.1f s", exc.uid, self.mailbox, exc.attempts,
+                            self._failures.failing_for(), _describe(exc.cause), delay,
                             exc_info=exc.cause if exc.attempts == 1 else None)
             except (*CONNECTION_ERRORS, ImapError) as exc:
                 log.warning("email: IMAP %s; reconnecting in %.0f s", _describe(exc), backoff)
@@ -161,10 +173,15 @@ class Watcher:
         except Exception as exc:
             if not (fetching and isinstance(exc, CONNECTION_ERRORS)):
                 await self._probe(imap)  # raises if the server or the store is down
+            if (isinstance(exc, ImapError) and exc.outage
+                    and not await self._others_readable(imap, uid)):
+                raise  # the mailbox's trouble (its storage, a lock): waited out, not counted
             attempts = self._failures.note(cursor.uidvalidity, uid)
-            if attempts < self.message_attempts:
+            if (attempts < self.message_attempts
+                    or self._failures.failing_for() < self.message_quarantine_seconds):
                 raise MessageFailed(uid, attempts, exc) from exc
-            reason = f"could not be taken in {attempts} attempts: {_describe(exc)}"
+            reason = (f"could not be taken in {attempts} attempts over "
+                      f"{self._failures.failing_for():.0f} s: {_describe(exc)}")
             log.error("email: message %d of %s %s; quarantining it", uid, self.mailbox, reason)
             cursor = await self._quarantine(cursor, uid, reason, raw)
         self._failures.clear()
@@ -174,6 +191,21 @@ class Watcher:
         """Raise if the IMAP session or the store does not answer."""
         await imap.noop()
         await cursors.load(self.intake.store, self.intake.config.address, self.mailbox)
+
+    async def _others_readable(self, imap: ImapSession, uid: int) -> bool:
+        """Whether the server can read a later message (one of the first `probe_messages`
+        after `uid`), i.e. refusing `uid` is that message's trouble. With no later message
+        nothing waits behind it, so it is taken for an outage until mail arrives."""
+        later = [u for u in await imap.search("UID", f"{uid + 1}:*") if u > uid]
+        for other in later[:self.probe_messages]:
+            try:
+                await imap.peek(other)
+            except ImapError as exc:
+                log.info("email: message %d of %s cannot be read either: %s", other,
+                         self.mailbox, _describe(exc))
+                continue
+            return True
+        return False
 
     async def _quarantine(self, cursor: cursors.Cursor, uid: int, reason: str,
                           raw: bytes | None) -> cursors.Cursor:

@@ -4,6 +4,7 @@ context."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -23,6 +24,8 @@ MAX_MESSAGE_CHARS = 4000
 PAGES = 5
 REMEMBERED = 2000
 FRESH_SECONDS = 3600.0  # a person's name and zone are asked again after this (travel)
+RETRY_SECONDS = 60.0  # after a failed look-up, Slack is asked again after this
+LOOKUP_SECONDS = 20.0  # a look-up (the client's own retries included) gives up after this
 
 
 class Person(NamedTuple):
@@ -31,30 +34,46 @@ class Person(NamedTuple):
 
 
 class People:
+    """users.info, cached. A look-up that fails (an error answer, a 5xx or 429 outlasting
+    the client's retries, a dropped or refused connection, a timeout) never fails the event
+    it is for: a person already known keeps their last known name and zone, someone new is
+    their id with no zone for now, and either way Slack is asked again after RETRY_SECONDS
+    rather than FRESH_SECONDS."""
+
     def __init__(self, web: SlackWeb):
         self.web = web
-        self._people: OrderedDict[str, tuple[Person, float]] = OrderedDict()
+        # user -> (what is known, when it was asked, whether that look-up succeeded)
+        self._people: OrderedDict[str, tuple[Person, float, bool]] = OrderedDict()
 
     async def person(self, user: str) -> Person:
-        """Who `user` is, from users.info, asked at most every FRESH_SECONDS (a failed
-        look-up gives their id and no zone, until it is asked again)."""
+        """Who `user` is, from users.info, asked at most every FRESH_SECONDS (after a failed
+        look-up, every RETRY_SECONDS). Never raises but for cancellation."""
         if not user.startswith(("U", "W")):
             return Person(user, None)
         known = self._people.get(user)
-        if known is None or time.monotonic() - known[1] > FRESH_SECONDS:
-            try:
-                info = (await self.web.call("users_info", user=user)).get("user") or {}
-                profile = info.get("profile") or {}
-                found = Person(profile.get("display_name") or info.get("real_name")
-                               or info.get("name") or user, known_timezone(info.get("tz")))
-            except SlackApiError as exc:
-                log.info("slack: users.info %s: %s", user, exc.response.get("error"))
-                found = Person(user, None)
-            self._people.pop(user, None)
-            self._people[user] = known = (found, time.monotonic())
-            while len(self._people) > REMEMBERED:
-                self._people.popitem(last=False)
-        return known[0]
+        if known is not None:
+            person, asked, ok = known
+            if time.monotonic() - asked <= (FRESH_SECONDS if ok else RETRY_SECONDS):
+                return person
+        try:
+            found, ok = await asyncio.wait_for(self._ask(user), LOOKUP_SECONDS), True
+        except Exception as exc:  # an outage or a refusal: keep what is known, ask again soon
+            reason = (exc.response.get("error") if isinstance(exc, SlackApiError)
+                      else repr(exc))
+            log.info("slack: users.info %s failed (%s); %s", user, reason,
+                     "keeping the last known profile" if known else "using the id for now")
+            found, ok = (known[0] if known is not None else Person(user, None)), False
+        self._people.pop(user, None)
+        self._people[user] = (found, time.monotonic(), ok)
+        while len(self._people) > REMEMBERED:
+            self._people.popitem(last=False)
+        return found
+
+    async def _ask(self, user: str) -> Person:
+        info = (await self.web.call("users_info", user=user)).get("user") or {}
+        profile = info.get("profile") or {}
+        return Person(profile.get("display_name") or info.get("real_name")
+                      or info.get("name") or user, known_timezone(info.get("tz")))
 
     async def name(self, user: str) -> str:
         """A person's display name (their id if Slack will not say)."""
