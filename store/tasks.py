@@ -46,10 +46,16 @@ async def claim(conn, owner: str, limit: int, lease_seconds: float) -> list[Task
 async def renew(conn, owner: str, task_ids: list[str], lease_seconds: float) -> int:
     if not task_ids:
         return 0
-    res = await conn.execute(
-        update(tasks).where(tasks.c.id.in_(task_ids), tasks.c.lease_owner == owner,
-                            tasks.c.state == RUNNING)
-        .values(lease_expires=now() + lease_seconds))
+    mine = and_(tasks.c.id.in_(task_ids), tasks.c.lease_owner == owner,
+                tasks.c.state == RUNNING)
+    if conn.dialect.name == "postgresql":
+        # Never wait for a row another transaction holds (its task's own commit, or one
+        # that locks it on the way to another row): one statement locking several rows in
+        # no set order could close a deadlock cycle. A row skipped now is renewed next time.
+        mine = tasks.c.id.in_(select(tasks.c.id).where(mine).order_by(tasks.c.id)
+                              .with_for_update(skip_locked=True))
+    res = await conn.execute(update(tasks).where(mine)
+                             .values(lease_expires=now() + lease_seconds))
     return res.rowcount
 
 

@@ -3,7 +3,8 @@ rows, leases and several workers."""
 
 import asyncio
 
-from sqlalchemy import insert, update
+import pytest
+from sqlalchemy import insert, select, update
 
 from bot.runtime import (
     Done,
@@ -373,3 +374,24 @@ async def test_an_outage_before_the_post_is_looked_at_then_posted_once(store):
     task = await store.get_task(task_id)
     assert (task.state, task.result) == (DONE, "posted")
     assert poster.posted == 1 and poster.looks == 3
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # row locks: PostgreSQL
+async def test_lease_renewal_never_waits_for_a_row_another_commit_holds(store):
+    # A queued turn's commit share-locks the older turn's row, then wants its own; if the
+    # renewal held that one and waited for the older row, the two would deadlock. The
+    # renewal skips a locked row instead (renewed next time).
+    w = Writes()
+    older, sleeper = w.spawn("echo", {}), w.spawn("echo", {})
+    await store.commit(w)
+    async with store._engines.write.begin() as conn:
+        await conn.execute(update(tasks).where(tasks.c.id.in_([older, sleeper]))
+                           .values(state=RUNNING, lease_owner="w1", lease_expires=now() + 5))
+    async with store._engines.write.connect() as other:
+        await other.begin()
+        await other.execute(select(tasks.c.id).where(tasks.c.id == older)
+                            .with_for_update(read=True))
+        renewed = await asyncio.wait_for(store.renew_leases("w1", [older, sleeper], 30), 5)
+        await other.rollback()
+    assert renewed == 1
+    assert (await store.get_task(sleeper)).lease_expires > now() + 20
