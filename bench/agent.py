@@ -112,12 +112,14 @@ class CountingStore(Store):
 
 
 @asynccontextmanager
-async def serving_agent(url: str, home: Path):
-    """The agent of `bot.app.open_app`, with the scripted model and a counting store, its
-    runner serving in the background until the block ends."""
-    config = build_config({"store": {"url": url}}, home=home)
+async def serving_agent(url: str, home: Path, *, store_class: type | None = None,
+                        settings: dict | None = None):
+    """The agent of `bot.app.open_app`, with the scripted model and a counting store
+    (`store_class`, a CountingStore), its runner serving in the background until the block
+    ends. `settings`: config sections beside the store's."""
+    config = build_config({**(settings or {}), "store": {"url": url}}, home=home)
     async with AsyncExitStack() as stack:
-        store = CountingStore(create_engines(config.store_url))
+        store = (store_class or CountingStore)(create_engines(config.store_url))
         stack.push_async_callback(store.close)
         await migrate(store._engines)
         http = await stack.enter_async_context(httpx.AsyncClient())

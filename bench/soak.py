@@ -1,0 +1,378 @@
+"""Soak benchmark: Steward must run for years without its process growing. Many turns go
+through the real agent (the scripted zero-latency model of bench/agent.py, one tool round
+per turn) across many conversations, and the process's memory is sampled at checkpoints.
+
+Traffic: `--conversations` conversations (default 500); `--hot` of them (default 4) get
+`--hot-share` of the turns (default 40%), the rest spread at random over the others, so
+most conversations go idle and come back later (mostly after the context cache has
+forgotten them), a few are very active. `--workers` turns are in flight at once (one
+`steward ask`-like client each: subscribe to the conversation's events, submit, wait until
+the turn has ended, unsubscribe).
+
+At every 10% of the turns, with nothing in flight: VmRSS, SQLite's own memory
+(sqlite3_memory_used: its page caches), tracemalloc's current size after gc.collect(), the
+gc-tracked objects, done compactions, and the in-process structures keyed by conversation,
+task or statement: the context cache (bot/agent/context.py: conversations, entries held,
+their deep size), event subscriber queues (bot/agent/events.py), the runner's in-flight
+tasks (bot/runtime/runner.py `_inflight`), the scripted model's kept requests (cleared
+after every turn, as bench/agent.py does), this harness's own futures, SQLAlchemy's
+compiled-statement caches, pooled connections and their prepared statements.
+
+Verdict: growth between the 30% checkpoint and the end, per 1000 turns. The context cache
+is bounded by design (64 conversations, each window within the model's window) but fills
+slowly, as idle conversations come back with more history: its measured deep size is
+subtracted, and its bound checked instead. So is linecache's (the source lines a logged
+traceback reads, once per file: a one-time step when the first error is logged).
+FAIL (exit 1) if the rest of tracemalloc grows more than `--max-growth-kb` per 1000 turns
+(default 1024: see THRESHOLD_WHY). The lines that grew most (tracemalloc snapshots at 30%
+and at the end) are printed as evidence.
+
+The context window is small (6,000 tokens, compaction scaled to it) so that the very
+active conversations reach, within the warm-up, what years of use look like: a full window
+and compaction summarising every dozen turns (its queries, statements and connections in
+use). With the 128,000-token default that takes ~900 turns per conversation and the first
+compaction would land after the warm-up (a one-time step that reads as growth).
+tracemalloc makes a turn ~2.5x slower: the default 1200 turns take ~4-5 minutes per
+backend on a loaded 2-core machine; `--turns 3000` about 2.5 times that.
+
+usage: .venv/bin/python bench/soak.py [--backend sqlite|postgres|both] [--turns 1200]
+           [--conversations 500] [--hot 4] [--hot-share 0.4] [--workers 6]
+           [--context-window 6000] [--max-growth-kb 1024] [--top 8] [--json]
+"""
+
+import argparse
+import asyncio
+import ctypes
+import dataclasses
+import gc
+import json
+import linecache
+import logging
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+# Run as a script, this file's directory comes first on sys.path and its name shadows the
+# `store` package: put the project root there instead.
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench.agent import CountingStore, serving_agent  # noqa: E402
+from bench.store import _proc_status, note, postgres_url, sqlite_url  # noqa: E402
+from bot.agent.deps import AgentDeps  # noqa: E402
+from bot.agent.inbox import submit_message  # noqa: E402
+from bot.memory.compaction import KIND as COMPACT  # noqa: E402
+from bot.runtime import Runner  # noqa: E402
+from store import DONE, TERMINAL, Store, new_id  # noqa: E402
+from store.schema import tasks  # noqa: E402
+
+TURN_TIMEOUT = 120.0  # seconds; a turn stuck longer fails the run (the machine may be loaded)
+CHECKPOINTS = 10
+WARMUP = 3  # the checkpoint (of CHECKPOINTS) the growth is measured from: 30%
+THRESHOLD_WHY = (
+    "1 KB/turn: what one object kept per turn costs (a Future and its dict slot, an Entry, "
+    "a request); at 100 turns a day that is 36 MB a year, and it never stops. The noise "
+    "floor after warm-up is a small fraction of it (bounded caches are full by then).")
+WORDS = ("invoice meeting thursday budget review agenda client project deadline summary notes "
+         "draft quarter travel dentist birthday groceries report contract insurance").split()
+
+
+class SoakStore(CountingStore):
+    """bench/agent.py's counting store, but a future only for a task someone waits for, and
+    only until it ends: CountingStore keeps one for every task that ever ended, right for a
+    few hundred turns and a leak of its own in a soak."""
+
+    def settled(self, task_id: str) -> asyncio.Future:
+        """Call right after the commit that created the task (no await in between)."""
+        return self._settled.setdefault(task_id, asyncio.get_running_loop().create_future())
+
+    async def commit(self, writes):
+        self.counts["commits"] += 1
+        result = await Store.commit(self, writes)
+        update = writes.task_update
+        if update is not None and update.state in TERMINAL:
+            waiter = self._settled.pop(update.task_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(time.perf_counter())
+        return result
+
+
+def soak_agent(url: str, home: Path, context_window: int):
+    """bench.agent.serving_agent with the soak's store and context window."""
+    window = {"context_window": context_window,
+              "max_output_tokens": min(4096, context_window // 8)}
+    # Compaction scaled to the window as the defaults are to 128k (16k reserve, 20k kept).
+    compaction = {"reserve_tokens": context_window // 8, "keep_recent_tokens": context_window // 6}
+    return serving_agent(url, home, store_class=SoakStore,
+                         settings={"llm": window, "compaction": compaction})
+
+
+def traffic(turns: int, conversations: int, hot: int, hot_share: float,
+            rng: random.Random) -> list[str]:
+    """The conversation key of each turn, in order."""
+    cold = max(conversations - hot, 1)
+    return [f"soak:hot:{rng.randrange(hot)}" if hot and rng.random() < hot_share
+            else f"soak:{rng.randrange(cold)}" for _ in range(turns)]
+
+
+def deep_size(obj, seen: set[int] | None = None) -> int:
+    """Bytes held by `obj` and everything it references (containers, dataclasses)."""
+    seen = set() if seen is None else seen
+    total, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or o is None or isinstance(o, bool | type):
+            continue
+        seen.add(id(o))
+        total += sys.getsizeof(o)
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+        elif dataclasses.is_dataclass(o):  # not o.__dict__: that would create it (3.11+)
+            stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+    return total
+
+
+def _sqlite_memory_used():
+    """sqlite3_memory_used() of the SQLite library this process runs (page caches of every
+    connection included), or None where it cannot be called."""
+    try:
+        import _sqlite3
+
+        function = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int64
+    return function
+
+
+SQLITE_MEMORY_USED = _sqlite_memory_used()
+
+
+def _statement_caches(store: Store) -> tuple[int, int, int]:
+    """(statements in SQLAlchemy's compiled caches, pooled connections, statements in their
+    prepared-statement caches: SQLAlchemy's asyncpg adapter's and asyncpg's own)."""
+    compiled = pooled = prepared = 0
+    for engine in {store._engines.write, store._engines.read}:
+        compiled += len(engine.sync_engine._compiled_cache or ())
+        for record in list(engine.sync_engine.pool._pool._queue._queue):
+            pooled += 1
+            adapted = record.dbapi_connection
+            prepared += len(getattr(adapted, "_prepared_statement_cache", None) or ())
+            prepared += len(getattr(getattr(adapted, "_connection", None), "_stmt_cache",
+                                    None) or ())
+    return compiled, pooled, prepared
+
+
+def structures(deps: AgentDeps, runner: Runner) -> dict:
+    """The in-process structures keyed by conversation or by task, and the statement
+    caches (bounded, but filled slowly by statements of many shapes)."""
+    compiled, pooled, prepared = _statement_caches(deps.store)
+    windows = deps.context_cache._windows
+    queues = deps.events._queues
+    return {"ctx convs": len(windows),
+            "ctx entries": sum(len(w.entries) for _, _, w in windows.values()),
+            "ctx KB": deep_size(windows) / 1024,
+            "ev queues": len(queues),
+            "ev queued": sum(q.qsize() for _, q in queues),
+            "inflight": len(runner._inflight),
+            "model reqs": len(deps.client.requests),
+            "store futures": len(deps.store._settled),
+            "sql cache": compiled, "conns": pooled, "prepared": prepared}
+
+
+async def one_turn(deps: AgentDeps, runner: Runner, key: str, i: int, rng: random.Random,
+                   ids: dict[str, int]) -> bool:
+    """A client: subscribe to the conversation, submit, wait until the turn has ended
+    (answered, or covered by an earlier turn's answer when it came in while that one was
+    working). True if this turn's own answer was shown."""
+    conversation_id = ids.get(key)
+    if conversation_id is None:
+        conversation_id = ids[key] = (await deps.store.ensure_conversation(key)).id
+    events = deps.events.subscribe(conversation_id)
+    try:
+        text = f"message {i}: {' '.join(rng.choices(WORDS, k=6))}, please echo this back"
+        accepted = await submit_message(deps.store, channel="cli", external_ids=[new_id()],
+                                        conversation_key=key, author="soak", text=text)
+        runner.wake()
+        async with asyncio.timeout(TURN_TIMEOUT):
+            await deps.store.settled(accepted.turn_id)
+        shown = False
+        while not events.empty():
+            event = events.get_nowait()
+            shown |= event.kind == "final" and \
+                event.data.get("key") == f"{accepted.turn_id}.answer"
+        return shown
+    finally:
+        deps.events.unsubscribe(events)
+
+
+async def quiesce(deps: AgentDeps, runner: Runner) -> dict:
+    """Wait until no task is in flight or ready (compactions and turns finishing after
+    their answer was shown included); the task states then."""
+    async with asyncio.timeout(TURN_TIMEOUT):
+        while True:
+            counts = await deps.store.count_tasks()
+            if not runner._inflight and not (set(counts) - {DONE, "failed"}):
+                return counts
+            await asyncio.sleep(0.05)
+
+
+async def compactions(store: Store) -> int:
+    async with store._engines.read.connect() as conn:
+        return (await conn.execute(select(func.count()).select_from(tasks).where(
+            tasks.c.kind == COMPACT, tasks.c.state == DONE))).scalar_one()
+
+
+async def sample(deps: AgentDeps, runner: Runner, done: int, t0: float) -> dict:
+    deps.client.requests.clear()
+    compacted = await compactions(deps.store)
+    gc.collect()
+    current, _ = tracemalloc.get_traced_memory()
+    found = structures(deps, runner)
+    lines = deep_size(linecache.cache) / 2**20
+    return {"turns": done, "s": time.perf_counter() - t0,
+            "RSS MB": _proc_status()["VmRSS"], "traced MB": current / 2**20,
+            "linecache MB": lines, "net MB": current / 2**20 - found["ctx KB"] / 1024 - lines,
+            "sqlite MB": SQLITE_MEMORY_USED() / 2**20 if SQLITE_MEMORY_USED else 0.0,
+            "objects": len(gc.get_objects()), "compactions": compacted, **found}
+
+
+async def run_backend(url: str, args) -> dict:
+    rng = random.Random(args.seed)
+    plan = traffic(args.turns, args.conversations, args.hot, args.hot_share, rng)
+    bounds = [round(args.turns * k / CHECKPOINTS) for k in range(CHECKPOINTS + 1)]
+    rows, snapshots = [], {}
+    # Setup, blocking on purpose: a home directory for the config (the database is `url`).
+    with tempfile.TemporaryDirectory(prefix="steward-soak-home-") as home:
+        async with soak_agent(url, Path(home), args.context_window) as (deps, runner):
+            ids: dict[str, int] = {}
+            cache_bound = deps.context_cache.max
+            answered = Counter()
+            t0 = time.perf_counter()
+            counts = await quiesce(deps, runner)
+            rows.append(await sample(deps, runner, 0, t0))
+            for k in range(1, CHECKPOINTS + 1):
+                todo = iter(range(bounds[k - 1], bounds[k]))
+
+                async def worker(todo=todo):
+                    for i in todo:
+                        answered[await one_turn(deps, runner, plan[i], i, rng, ids)] += 1
+                        deps.client.requests.clear()  # the scripted model keeps them all
+
+                await asyncio.gather(*(worker() for _ in range(args.workers)))
+                counts = await quiesce(deps, runner)
+                rows.append(await sample(deps, runner, bounds[k], t0))
+                if k in (WARMUP, CHECKPOINTS):
+                    snapshots[k] = tracemalloc.take_snapshot().filter_traces(
+                        [tracemalloc.Filter(False, tracemalloc.__file__)])
+                r = rows[-1]
+                note(f"  {bounds[k]}/{args.turns} turns, {r['s']:.0f}s, RSS {r['RSS MB']:.1f} MB, "
+                     f"traced {r['traced MB']:.2f} MB, context cache {r['ctx convs']} convs")
+    growth = [s for s in snapshots[CHECKPOINTS].compare_to(snapshots[WARMUP], "lineno")
+              if s.size_diff > 0][:args.top]
+    turns = bounds[CHECKPOINTS] - bounds[WARMUP]
+    per_k = {m: (rows[-1][m] - rows[WARMUP][m]) * 1000 / turns
+             for m in ("RSS MB", "traced MB", "net MB", "sqlite MB", "objects", "ctx KB",
+                       "linecache MB")}
+    return {"checkpoints": rows, "task states": counts, "context cache bound": cache_bound,
+            "turns answered / covered by an earlier answer": [answered[True], answered[False]],
+            "growth per 1000 turns after warm-up": per_k,
+            "top growth": [{"where": str(s.traceback), "KB": s.size_diff / 1024,
+                            "blocks": s.count_diff} for s in growth]}
+
+
+COLUMNS = (("turns", "{:>6}"), ("s", "{:>6.0f}"), ("RSS MB", "{:>8.1f}"),
+           ("sqlite MB", "{:>10.1f}"), ("traced MB", "{:>10.2f}"), ("linecache MB", "{:>13.2f}"),
+           ("net MB", "{:>7.2f}"),
+           ("objects", "{:>9,}"), ("compactions", "{:>12}"), ("ctx convs", "{:>10}"),
+           ("ctx entries", "{:>12}"), ("ctx KB", "{:>8.0f}"), ("ev queues", "{:>10}"),
+           ("ev queued", "{:>10}"), ("inflight", "{:>9}"), ("model reqs", "{:>11}"),
+           ("store futures", "{:>14}"), ("sql cache", "{:>10}"), ("conns", "{:>6}"),
+           ("prepared", "{:>9}"))
+
+
+def verdict(result: dict, limit_kb: float) -> tuple[bool, str]:
+    """PASS when the traced memory outside the context cache (and linecache) grows at most
+    `limit_kb` per 1000 turns after warm-up, and the cache stays within its bound (its
+    windows are each bounded by the window budget; what it holds is measured, not guessed)."""
+    net_kb = result["growth per 1000 turns after warm-up"]["net MB"] * 1024
+    most = max(row["ctx convs"] for row in result["checkpoints"])
+    bound = result["context cache bound"]
+    ok = net_kb <= limit_kb and most <= bound
+    return ok, (f"{'PASS' if ok else 'FAIL'}: tracemalloc outside the context cache "
+                f"{net_kb:+.0f} KB per 1000 turns (limit {limit_kb:.0f} KB); context cache "
+                f"at most {most} conversations (bound {bound})")
+
+
+def report(name: str, result: dict, limit_kb: float) -> bool:
+    """Print one backend's table and verdict; True if it passes."""
+    covered = result["turns answered / covered by an earlier answer"]
+    print(f"\n{name}: task states at the end {result['task states']}; turns answered "
+          f"{covered[0]}, covered by an earlier turn's answer {covered[1]}")
+    print(" ".join(f"{c:>{len(fmt.format(0)) if c != 'turns' else 6}}" for c, fmt in COLUMNS))
+    for row in result["checkpoints"]:
+        print(" ".join(fmt.format(row[c]) for c, fmt in COLUMNS))
+    g = result["growth per 1000 turns after warm-up"]
+    print(f"{name}: growth per 1000 turns from {WARMUP * 100 // CHECKPOINTS}% to the end: "
+          f"RSS {g['RSS MB']:+.2f} MB (SQLite's own {g['sqlite MB']:+.2f} MB), tracemalloc "
+          f"{g['traced MB'] * 1024:+.0f} KB, of which the context cache {g['ctx KB']:+.0f} KB, "
+          f"linecache {g['linecache MB'] * 1024:+.0f} KB and the rest "
+          f"{g['net MB'] * 1024:+.0f} KB, gc objects {g['objects']:+,.0f}")
+    print(f"{name}: largest tracemalloc growth since {WARMUP * 100 // CHECKPOINTS}%:")
+    for s in result["top growth"]:
+        print(f"    {s['KB']:+9.1f} KB {s['blocks']:+7} blocks  {s['where']}")
+    ok, line = verdict(result, limit_kb)
+    print(f"{name}: {line}")
+    return ok
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--turns", type=int, default=1200)
+    parser.add_argument("--conversations", type=int, default=500)
+    parser.add_argument("--hot", type=int, default=4, help="very active conversations")
+    parser.add_argument("--hot-share", type=float, default=0.4,
+                        help="the share of the turns that go to the very active ones")
+    parser.add_argument("--workers", type=int, default=6, help="turns in flight at once")
+    parser.add_argument("--context-window", type=int, default=6_000)
+    parser.add_argument("--max-growth-kb", type=float, default=1024.0,
+                        help="FAIL above this tracemalloc growth per 1000 turns")
+    parser.add_argument("--top", type=int, default=8, help="growing lines shown")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.turns < CHECKPOINTS * 10:
+        parser.error(f"--turns must be at least {CHECKPOINTS * 10}")
+    backends = {"sqlite": sqlite_url, "postgres": postgres_url}
+    chosen = list(backends) if args.backend == "both" else [args.backend]
+    tracemalloc.start()
+    results = {}
+    for name in chosen:
+        note(f"{name}: {args.turns} turns over {args.conversations} conversations "
+             f"({args.hot} hot: {args.hot_share:.0%} of the turns), {args.workers} at once")
+        async with backends[name]() as url:
+            results[name] = await run_backend(url, args)
+    ok = True
+    if args.json:
+        print(json.dumps({"args": vars(args), **results}, indent=2))
+        ok = all(verdict(r, args.max_growth_kb)[0] for r in results.values())
+    else:
+        for name, result in results.items():
+            ok = report(name, result, args.max_growth_kb) and ok
+        print(f"\nthreshold: {THRESHOLD_WHY}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(asyncio.run(main()))
