@@ -10,7 +10,7 @@ from aioimaplib import aioimaplib
 from connectors.email import cursor as cursors
 from connectors.email.channel import SENDING
 from connectors.email.imap import _Client
-from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig, mail
+from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig, mail, rig_factory
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     Dovecot,
     SmtpSink,
@@ -23,15 +23,8 @@ from tests.fakes.mail_tls import client_context
 
 @pytest.fixture
 async def rigs(store, account, sink, tmp_path):
-    made = []
-
-    def make(**email) -> Rig:
-        made.append(Rig(store, account, sink, tmp_path, **email))
-        return made[-1]
-
-    yield make
-    for rig in made:
-        await rig.stop()
+    async with rig_factory(store, account, sink, tmp_path) as make:
+        yield make
 
 
 async def test_a_mail_gets_one_threaded_reply_and_stays_unread(rigs, account, sink):

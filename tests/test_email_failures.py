@@ -16,7 +16,7 @@ from connectors.email import imap as imap_module
 from connectors.email import intake as intake_module
 from connectors.email.imap import ImapError, ImapSession
 from connectors.email.watcher import Watcher
-from tests.fakes.mail_rig import ADDRESS, Rig, mail
+from tests.fakes.mail_rig import ADDRESS, mail, rig_factory
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -33,15 +33,8 @@ async def make_rig(store, account, sink, tmp_path, monkeypatch):
     # No minimum time a message must have been failing before its quarantine (unless a
     # test sets one): `message_attempts` alone decides, quickly.
     monkeypatch.setattr(Watcher, "message_quarantine_seconds", 0.0)
-    made = []
-
-    def make(**email) -> Rig:
-        made.append(Rig(store, account, sink, tmp_path, **email))
-        return made[-1]
-
-    yield make
-    for rig in made:
-        await rig.stop()
+    async with rig_factory(store, account, sink, tmp_path) as make:
+        yield make
 
 
 async def three_mails(account) -> tuple[int, int, int]:

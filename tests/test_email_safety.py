@@ -12,7 +12,7 @@ from bot.channels import Outbound
 from bot.runtime import NotPerformed, Unavailable
 from connectors.email.channel import SENDING
 from connectors.email.reply import reply_message_id
-from tests.fakes.mail_rig import Rig, mail
+from tests.fakes.mail_rig import Rig, mail, rig_factory
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -25,15 +25,8 @@ CORPUS = Path(__file__).parent / "mail_corpus"
 
 @pytest.fixture
 async def make_rig(store, account, sink, tmp_path):
-    made = []
-
-    def make(**email) -> Rig:
-        made.append(Rig(store, account, sink, tmp_path, **email))
-        return made[-1]
-
-    yield make
-    for rig in made:
-        await rig.stop()
+    async with rig_factory(store, account, sink, tmp_path) as make:
+        yield make
 
 
 PASS = "mx.example.com; dkim=pass header.d=example.com; spf=pass; dmarc=pass header.from=x"

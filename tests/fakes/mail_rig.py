@@ -102,3 +102,19 @@ class Rig:
     async def transcript(self, key: str):
         conversation = await self.store.get_conversation(key)
         return await self.store.entries_page(conversation.id, limit=200)
+
+
+@contextlib.asynccontextmanager
+async def rig_factory(store, account: Account, sink: SmtpSink, tmp_path):
+    """`make(**email) -> Rig` for a test's fixture; every rig made is stopped at the end."""
+    made: list[Rig] = []
+
+    def make(**email) -> Rig:
+        made.append(Rig(store, account, sink, tmp_path, **email))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for rig in made:
+            await rig.stop()
