@@ -24,13 +24,15 @@ from sqlalchemy import (
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
-def storable(value: str) -> str:
+def storable(value: str, nul: str = "\ufffd") -> str:
     """Text both backends can store. PostgreSQL text cannot hold a NUL, and no UTF-8 can
     hold a lone surrogate (JSON like "\\ud83d" decodes to one); either would make its step
     fail again on every retry. NUL becomes U+FFFD and a lone surrogate "?", on both
     backends, so they agree. Statements written as `text()` call it on their strings."""
     if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
+        value = value.replace("\x00", nul)
+    if value.isascii():  # every bound string passes here: the common case costs no copy
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

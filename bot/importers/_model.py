@@ -8,6 +8,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from store.schema import storable
+
 # Column limits of the store (store/schema.py); PostgreSQL enforces them, SQLite does not.
 MAX_KEY = 512
 MAX_EXTERNAL_ID = 512
@@ -50,14 +52,9 @@ class Problem:
 
 
 def clean(text: str) -> str:
-    """Text both databases accept: no NUL (PostgreSQL refuses it), no lone surrogates."""
-    if "\x00" in text:
-        text = text.replace("\x00", "")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
+    """Text both databases accept, cleaned before it is compared or cut to length: as the
+    store cleans it (`store.schema.storable`), but a NUL in a file is dropped."""
+    return storable(text, nul="")
 
 
 def clean_value(value: Any) -> Any:
