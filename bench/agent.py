@@ -1,7 +1,7 @@
 """Agent harness benchmark: the cost of one agent turn around a zero-latency model, on
 SQLite and PostgreSQL, so later changes to the runtime, the agent or the store compare.
 
-The agent is wired as `bot.app` wires it, with a `ScriptedModel` that calls the
+The agent is wired as `bot.app.wiring` wires it, with a `ScriptedModel` that calls the
 `bench_echo` tool once, then answers in ~200 characters: a turn task, two llm_calls, a
 tool_call and a delivery per turn.
 
@@ -39,8 +39,8 @@ if __name__ == "__main__":
 from bench.store import _proc_status, fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
 from bot.agent.deps import AgentDeps  # noqa: E402
 from bot.agent.inbox import submit_message  # noqa: E402
-from bot.app import build_registry, build_toolbox, runner_options  # noqa: E402
-from bot.config import build_config  # noqa: E402
+from bot.app.config import build_config  # noqa: E402
+from bot.app.wiring import build_registry, build_toolbox, runner_options  # noqa: E402
 from bot.llm.scripted import ScriptedModel  # noqa: E402
 from bot.llm.types import Request, Response, ToolCall  # noqa: E402
 from bot.runtime import Policy, Runner  # noqa: E402
@@ -114,7 +114,7 @@ class CountingStore(Store):
 @asynccontextmanager
 async def serving_agent(url: str, home: Path, *, store_class: type | None = None,
                         settings: dict | None = None):
-    """The agent of `bot.app.open_app`, with the scripted model and a counting store
+    """The agent of `bot.app.wiring.open_app`, with the scripted model and a counting store
     (`store_class`, a CountingStore), its runner serving in the background until the block
     ends. `settings`: config sections beside the store's."""
     config = build_config({**(settings or {}), "store": {"url": url}}, home=home)

@@ -50,9 +50,9 @@ if __name__ == "__main__":
 
 from bench.store import _proc_status, fmt, fresh_store, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
 from bot.agent.context import ContextCache, build_request  # noqa: E402
-from bot.app import build_toolbox  # noqa: E402
-from bot.config import build_config  # noqa: E402
-from bot.importers import import_file  # noqa: E402
+from bot.app.config import build_config  # noqa: E402
+from bot.app.importers import import_file  # noqa: E402
+from bot.app.wiring import build_toolbox  # noqa: E402
 from store import Store, open_store  # noqa: E402
 
 LIMIT = 1.5  # the largest history's figures over the smallest's, at most

@@ -35,9 +35,24 @@ compaction would land after the warm-up (a one-time step that reads as growth).
 tracemalloc makes a turn ~2.5x slower: the default 1200 turns take ~4-5 minutes per
 backend on a loaded 2-core machine; `--turns 3000` about 2.5 times that.
 
+`--rss-only`: no tracemalloc (it costs memory and time of its own), for the long soaks that
+show whether RSS itself stays flat: 10,000 turns or more (`--checkpoints 10` prints every
+1000). Every checkpoint prints the RSS growth per 1000 turns since the one before
+(`RSS/1k`), so the curve is visible; FAIL if RSS grows more than `--max-rss-growth-mb`
+per 1000 turns from the warm-up checkpoint to the end. The allocator is left as glibc sets
+it up unless asked: `--arena-max N` (mallopt(M_ARENA_MAX), as bot/app/allocator.py does at
+`steward run`) and `--trim-every S` (malloc_trim(0) in a thread every S seconds, its cost
+printed); `--steward-allocator` is what `steward run` does (bot.app.allocator's defaults).
+`--sqlite-cache-kib K` sets PRAGMA cache_size=-K on every SQLite connection and
+`--sql-cache-size N` SQLAlchemy's compiled-statement cache (500 by default), to weigh
+the caches outside tracemalloc's view.
+
 usage: .venv/bin/python bench/soak.py [--backend sqlite|postgres|both] [--turns 1200]
            [--conversations 500] [--hot 4] [--hot-share 0.4] [--workers 6]
            [--context-window 6000] [--max-growth-kb 1024] [--top 8] [--json]
+           [--rss-only] [--checkpoints 10] [--max-rss-growth-mb 1.0] [--arena-max N]
+           [--trim-every S] [--steward-allocator] [--sqlite-cache-kib K]
+           [--sql-cache-size N]
 """
 
 import argparse
@@ -48,6 +63,7 @@ import gc
 import json
 import linecache
 import logging
+import os
 import random
 import sys
 import tempfile
@@ -56,7 +72,8 @@ import tracemalloc
 from collections import Counter
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
+from sqlalchemy.util import LRUCache
 
 # Run as a script, this file's directory comes first on sys.path and its name shadows the
 # `store` package: put the project root there instead.
@@ -67,14 +84,15 @@ from bench.agent import CountingStore, serving_agent  # noqa: E402
 from bench.store import _proc_status, note, postgres_url, sqlite_url  # noqa: E402
 from bot.agent.deps import AgentDeps  # noqa: E402
 from bot.agent.inbox import submit_message  # noqa: E402
+from bot.app import allocator  # noqa: E402
 from bot.memory.compaction import KIND as COMPACT  # noqa: E402
 from bot.runtime import Runner  # noqa: E402
 from store import DONE, TERMINAL, Store, new_id  # noqa: E402
 from store.schema import tasks  # noqa: E402
 
 TURN_TIMEOUT = 120.0  # seconds; a turn stuck longer fails the run (the machine may be loaded)
-CHECKPOINTS = 10
-WARMUP = 3  # the checkpoint (of CHECKPOINTS) the growth is measured from: 30%
+CHECKPOINTS = 10  # the default of --checkpoints
+WARMUP_SHARE = 0.3  # the growth is measured from the checkpoint at 30% of the turns
 THRESHOLD_WHY = (
     "1 KB/turn: what one object kept per turn costs (a Future and its dict slot, an Entry, "
     "a request); at 100 turns a day that is 36 MB a year, and it never stops. The noise "
@@ -86,7 +104,32 @@ WORDS = ("invoice meeting thursday budget review agenda client project deadline 
 class SoakStore(CountingStore):
     """bench/agent.py's counting store, but a future only for a task someone waits for, and
     only until it ends: CountingStore keeps one for every task that ever ended, right for a
-    few hundred turns and a leak of its own in a soak."""
+    few hundred turns and a leak of its own in a soak. `sqlite_cache_kib` and
+    `sql_cache_size` (set from the command line) retune the caches outside tracemalloc."""
+
+    sqlite_cache_kib: int | None = None
+    sql_cache_size: int | None = None
+
+    def __init__(self, engines):
+        super().__init__(engines)
+        if self.sql_cache_size is not None:
+            for engine in {engines.write, engines.read}:
+                engine.sync_engine._compiled_cache = (LRUCache(self.sql_cache_size)
+                                                      if self.sql_cache_size else None)
+        if self.sqlite_cache_kib is not None and engines.dialect == "sqlite":
+            pragma = f"PRAGMA cache_size=-{self.sqlite_cache_kib}"
+            for engine in {engines.write, engines.read}:
+                event.listen(engine.sync_engine, "connect",
+                             lambda conn, _record: conn.execute(pragma))
+            if engines.writer is not None:
+                connect = engines.writer._connect
+
+                def tuned():
+                    conn = connect()
+                    conn.execute(pragma)
+                    return conn
+
+                engines.writer._connect = tuned
 
     def settled(self, task_id: str) -> asyncio.Future:
         """Call right after the commit that created the task (no await in between)."""
@@ -157,6 +200,37 @@ def _sqlite_memory_used():
 SQLITE_MEMORY_USED = _sqlite_memory_used()
 
 
+HEAP_RESERVATION_KB = 65536  # a glibc thread arena's heap: 64 MiB reserved, rw as it grows
+
+
+def memory_map() -> dict:
+    """Where the RSS is (Linux: /proc/self/smaps): glibc's main arena (`[heap]`), its
+    thread arenas (each a 64 MiB reservation, a read-write part and the rest ---p) and the
+    rest of anonymous memory (pymalloc's arenas, big blocks malloc mmaps on its own)."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {"heap MB": 0.0, "arenas": 0, "arena MB": 0.0, "anon MB": 0.0}
+    maps = []
+    for line in lines:
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            maps.append({"kb": (hi - lo) >> 10, "perm": head[1],
+                         "name": head[5] if len(head) > 5 else "", "rss": 0})
+        elif head[0] == "Rss:":
+            maps[-1]["rss"] = int(head[1])
+    anon = [m for m in maps if not m["name"]]
+    arenas = [a for a, b in zip(anon, anon[1:], strict=False)
+              if a["perm"].startswith("rw") and b["perm"].startswith("---")
+              and a["kb"] + b["kb"] == HEAP_RESERVATION_KB]
+    arena_kb = sum(a["rss"] for a in arenas)
+    return {"heap MB": sum(m["rss"] for m in maps if m["name"] == "[heap]") / 1024,
+            "arenas": len(arenas), "arena MB": arena_kb / 1024,
+            "anon MB": (sum(m["rss"] for m in anon) - arena_kb) / 1024}
+
+
 def _statement_caches(store: Store) -> tuple[int, int, int]:
     """(statements in SQLAlchemy's compiled caches, pooled connections, statements in their
     prepared-statement caches: SQLAlchemy's asyncpg adapter's and asyncpg's own)."""
@@ -191,25 +265,41 @@ def structures(deps: AgentDeps, runner: Runner) -> dict:
 
 async def one_turn(deps: AgentDeps, runner: Runner, key: str, i: int, rng: random.Random,
                    ids: dict[str, int]) -> bool:
-    """A client: subscribe to the conversation, submit, wait until the turn has ended
-    (answered, or covered by an earlier turn's answer when it came in while that one was
-    working). True if this turn's own answer was shown."""
+    """A client: subscribe to the conversation, submit, render its final answers as they
+    come (as bot/app/chat.py does: a terminal delivery waits until its answer is written),
+    until the turn has ended (answered, or covered by an earlier turn's answer when it came
+    in while that one was working). True if this turn's own answer was shown."""
     conversation_id = ids.get(key)
     if conversation_id is None:
         conversation_id = ids[key] = (await deps.store.ensure_conversation(key)).id
     events = deps.events.subscribe(conversation_id)
+    shown = False
+
+    def render(event) -> None:
+        nonlocal shown
+        if event.kind != "final":
+            return
+        written = event.data.get("written")
+        if written is not None and not written.done():
+            written.set_result(None)
+        shown |= event.data.get("key") == f"{accepted.turn_id}.answer"
+
     try:
         text = f"message {i}: {' '.join(rng.choices(WORDS, k=6))}, please echo this back"
         accepted = await submit_message(deps.store, channel="cli", external_ids=[new_id()],
                                         conversation_key=key, author="soak", text=text)
         runner.wake()
+        settled = deps.store.settled(accepted.turn_id)
         async with asyncio.timeout(TURN_TIMEOUT):
-            await deps.store.settled(accepted.turn_id)
-        shown = False
+            while not settled.done():
+                arrival = asyncio.ensure_future(events.get())
+                await asyncio.wait((arrival, settled), return_when=asyncio.FIRST_COMPLETED)
+                if arrival.done():
+                    render(arrival.result())
+                else:
+                    arrival.cancel()
         while not events.empty():
-            event = events.get_nowait()
-            shown |= event.kind == "final" and \
-                event.data.get("key") == f"{accepted.turn_id}.answer"
+            render(events.get_nowait())
         return shown
     finally:
         deps.events.unsubscribe(events)
@@ -236,21 +326,53 @@ async def sample(deps: AgentDeps, runner: Runner, done: int, t0: float) -> dict:
     deps.client.requests.clear()
     compacted = await compactions(deps.store)
     gc.collect()
-    current, _ = tracemalloc.get_traced_memory()
+    current = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
     found = structures(deps, runner)
     lines = deep_size(linecache.cache) / 2**20
     return {"turns": done, "s": time.perf_counter() - t0,
-            "RSS MB": _proc_status()["VmRSS"], "traced MB": current / 2**20,
+            "RSS MB": _proc_status()["VmRSS"], **memory_map(), "traced MB": current / 2**20,
             "linecache MB": lines, "net MB": current / 2**20 - found["ctx KB"] / 1024 - lines,
             "sqlite MB": SQLITE_MEMORY_USED() / 2**20 if SQLITE_MEMORY_USED else 0.0,
             "objects": len(gc.get_objects()), "compactions": compacted, **found}
 
 
+class Trims:
+    """malloc_trim(0) every `seconds` in the default executor, as
+    bot.app.allocator.trim_periodically does, timing each call."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.costs, self.released = seconds, [], 0
+
+    def _trim(self) -> None:
+        t = time.perf_counter()
+        self.released += allocator.trim()
+        self.costs.append(time.perf_counter() - t)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.seconds)
+            await asyncio.to_thread(self._trim)
+
+    def summary(self) -> dict:
+        costs = sorted(self.costs) or [0.0]
+        return {"every s": self.seconds, "trims": len(self.costs), "released": self.released,
+                "p50 ms": costs[len(costs) // 2] * 1e3, "max ms": costs[-1] * 1e3}
+
+
+def rss_steps(rows: list[dict]) -> list[float | None]:
+    """RSS growth per 1000 turns from the checkpoint before to each one."""
+    return [None] + [(b["RSS MB"] - a["RSS MB"]) * 1000 / max(b["turns"] - a["turns"], 1)
+                     for a, b in zip(rows, rows[1:], strict=False)]
+
+
 async def run_backend(url: str, args) -> dict:
     rng = random.Random(args.seed)
     plan = traffic(args.turns, args.conversations, args.hot, args.hot_share, rng)
-    bounds = [round(args.turns * k / CHECKPOINTS) for k in range(CHECKPOINTS + 1)]
+    checkpoints, warmup = args.checkpoints, warmup_checkpoint(args.checkpoints)
+    bounds = [round(args.turns * k / checkpoints) for k in range(checkpoints + 1)]
     rows, snapshots = [], {}
+    trims = Trims(args.trim_every) if args.trim_every else None
+    trimming = asyncio.create_task(trims.run()) if trims else None
     # Setup, blocking on purpose: a home directory for the config (the database is `url`).
     with tempfile.TemporaryDirectory(prefix="steward-soak-home-") as home:
         async with soak_agent(url, Path(home), args.context_window) as (deps, runner):
@@ -260,7 +382,7 @@ async def run_backend(url: str, args) -> dict:
             t0 = time.perf_counter()
             counts = await quiesce(deps, runner)
             rows.append(await sample(deps, runner, 0, t0))
-            for k in range(1, CHECKPOINTS + 1):
+            for k in range(1, checkpoints + 1):
                 todo = iter(range(bounds[k - 1], bounds[k]))
 
                 async def worker(todo=todo):
@@ -271,26 +393,40 @@ async def run_backend(url: str, args) -> dict:
                 await asyncio.gather(*(worker() for _ in range(args.workers)))
                 counts = await quiesce(deps, runner)
                 rows.append(await sample(deps, runner, bounds[k], t0))
-                if k in (WARMUP, CHECKPOINTS):
+                if k in (warmup, checkpoints) and tracemalloc.is_tracing():
                     snapshots[k] = tracemalloc.take_snapshot().filter_traces(
                         [tracemalloc.Filter(False, tracemalloc.__file__)])
-                r = rows[-1]
-                note(f"  {bounds[k]}/{args.turns} turns, {r['s']:.0f}s, RSS {r['RSS MB']:.1f} MB, "
-                     f"traced {r['traced MB']:.2f} MB, context cache {r['ctx convs']} convs")
-    growth = [s for s in snapshots[CHECKPOINTS].compare_to(snapshots[WARMUP], "lineno")
-              if s.size_diff > 0][:args.top]
-    turns = bounds[CHECKPOINTS] - bounds[WARMUP]
-    per_k = {m: (rows[-1][m] - rows[WARMUP][m]) * 1000 / turns
-             for m in ("RSS MB", "traced MB", "net MB", "sqlite MB", "objects", "ctx KB",
-                       "linecache MB")}
-    return {"checkpoints": rows, "task states": counts, "context cache bound": cache_bound,
+                r, step = rows[-1], rss_steps(rows[-2:])[-1]
+                note(f"  {bounds[k]}/{args.turns} turns, {r['s']:.0f}s, RSS {r['RSS MB']:.1f} MB "
+                     f"({step:+.2f} MB per 1000 turns), traced {r['traced MB']:.2f} MB, "
+                     f"context cache {r['ctx convs']} convs")
+    if trimming is not None:
+        trimming.cancel()
+        await asyncio.gather(trimming, return_exceptions=True)
+    growth = [s for s in snapshots[checkpoints].compare_to(snapshots[warmup], "lineno")
+              if s.size_diff > 0][:args.top] if snapshots else []
+    turns = bounds[checkpoints] - bounds[warmup]
+    per_k = {m: (rows[-1][m] - rows[warmup][m]) * 1000 / turns
+             for m in ("RSS MB", "heap MB", "arena MB", "anon MB", "traced MB", "net MB",
+                       "sqlite MB", "objects", "ctx KB", "linecache MB")}
+    for row, step in zip(rows, rss_steps(rows), strict=True):
+        row["RSS/1k"] = step
+    return {"checkpoints": rows, "warm-up checkpoint": warmup, "rss only": args.rss_only,
+            "task states": counts, "context cache bound": cache_bound,
             "turns answered / covered by an earlier answer": [answered[True], answered[False]],
             "growth per 1000 turns after warm-up": per_k,
+            "malloc_trim": trims.summary() if trims else None,
             "top growth": [{"where": str(s.traceback), "KB": s.size_diff / 1024,
                             "blocks": s.count_diff} for s in growth]}
 
 
-COLUMNS = (("turns", "{:>6}"), ("s", "{:>6.0f}"), ("RSS MB", "{:>8.1f}"),
+def warmup_checkpoint(checkpoints: int) -> int:
+    return max(1, round(checkpoints * WARMUP_SHARE))
+
+
+COLUMNS = (("turns", "{:>6}"), ("s", "{:>6.0f}"), ("RSS MB", "{:>8.1f}"), ("RSS/1k", "{:>8}"),
+           ("heap MB", "{:>8.1f}"), ("arenas", "{:>7}"), ("arena MB", "{:>9.1f}"),
+           ("anon MB", "{:>8.1f}"),
            ("sqlite MB", "{:>10.1f}"), ("traced MB", "{:>10.2f}"), ("linecache MB", "{:>13.2f}"),
            ("net MB", "{:>7.2f}"),
            ("objects", "{:>9,}"), ("compactions", "{:>12}"), ("ctx convs", "{:>10}"),
@@ -300,37 +436,62 @@ COLUMNS = (("turns", "{:>6}"), ("s", "{:>6.0f}"), ("RSS MB", "{:>8.1f}"),
            ("prepared", "{:>9}"))
 
 
-def verdict(result: dict, limit_kb: float) -> tuple[bool, str]:
+def verdict(result: dict, limit_kb: float, limit_rss_mb: float) -> tuple[bool, str]:
     """PASS when the traced memory outside the context cache (and linecache) grows at most
     `limit_kb` per 1000 turns after warm-up, and the cache stays within its bound (its
-    windows are each bounded by the window budget; what it holds is measured, not guessed)."""
-    net_kb = result["growth per 1000 turns after warm-up"]["net MB"] * 1024
+    windows are each bounded by the window budget; what it holds is measured, not guessed).
+    With --rss-only: when RSS itself grows at most `limit_rss_mb` per 1000 turns."""
+    growth = result["growth per 1000 turns after warm-up"]
     most = max(row["ctx convs"] for row in result["checkpoints"])
     bound = result["context cache bound"]
+    cache = f"context cache at most {most} conversations (bound {bound})"
+    if result["rss only"]:
+        ok = growth["RSS MB"] <= limit_rss_mb and most <= bound
+        return ok, (f"{'PASS' if ok else 'FAIL'}: RSS {growth['RSS MB']:+.2f} MB per 1000 "
+                    f"turns after warm-up (limit {limit_rss_mb:.2f} MB); {cache}")
+    net_kb = growth["net MB"] * 1024
     ok = net_kb <= limit_kb and most <= bound
     return ok, (f"{'PASS' if ok else 'FAIL'}: tracemalloc outside the context cache "
-                f"{net_kb:+.0f} KB per 1000 turns (limit {limit_kb:.0f} KB); context cache "
-                f"at most {most} conversations (bound {bound})")
+                f"{net_kb:+.0f} KB per 1000 turns (limit {limit_kb:.0f} KB); {cache}")
 
 
-def report(name: str, result: dict, limit_kb: float) -> bool:
+def _cell(fmt: str, value) -> str:
+    if value is None:
+        return fmt.format("")
+    return fmt.format(f"{value:+.2f}") if fmt == "{:>8}" else fmt.format(value)
+
+
+def report(name: str, result: dict, limit_kb: float, limit_rss_mb: float) -> bool:
     """Print one backend's table and verdict; True if it passes."""
     covered = result["turns answered / covered by an earlier answer"]
     print(f"\n{name}: task states at the end {result['task states']}; turns answered "
           f"{covered[0]}, covered by an earlier turn's answer {covered[1]}")
     print(" ".join(f"{c:>{len(fmt.format(0)) if c != 'turns' else 6}}" for c, fmt in COLUMNS))
-    for row in result["checkpoints"]:
-        print(" ".join(fmt.format(row[c]) for c, fmt in COLUMNS))
+    rows = result["checkpoints"]
+    for row in rows:
+        print(" ".join(_cell(fmt, row[c]) for c, fmt in COLUMNS))
     g = result["growth per 1000 turns after warm-up"]
-    print(f"{name}: growth per 1000 turns from {WARMUP * 100 // CHECKPOINTS}% to the end: "
-          f"RSS {g['RSS MB']:+.2f} MB (SQLite's own {g['sqlite MB']:+.2f} MB), tracemalloc "
-          f"{g['traced MB'] * 1024:+.0f} KB, of which the context cache {g['ctx KB']:+.0f} KB, "
-          f"linecache {g['linecache MB'] * 1024:+.0f} KB and the rest "
-          f"{g['net MB'] * 1024:+.0f} KB, gc objects {g['objects']:+,.0f}")
-    print(f"{name}: largest tracemalloc growth since {WARMUP * 100 // CHECKPOINTS}%:")
-    for s in result["top growth"]:
-        print(f"    {s['KB']:+9.1f} KB {s['blocks']:+7} blocks  {s['where']}")
-    ok, line = verdict(result, limit_kb)
+    since = f"{rows[result['warm-up checkpoint']]['turns']} turns"
+    print(f"{name}: growth per 1000 turns from {since} to the end: "
+          f"RSS {g['RSS MB']:+.2f} MB (main heap {g['heap MB']:+.2f}, thread arenas "
+          f"{g['arena MB']:+.2f}, other anonymous {g['anon MB']:+.2f}; SQLite's own "
+          f"{g['sqlite MB']:+.2f} MB), "
+          f"gc objects {g['objects']:+,.0f}", end="")
+    if result["rss only"]:
+        print(f", the context cache's deep size {g['ctx KB']:+.0f} KB (no tracemalloc)")
+    else:
+        print(f", tracemalloc {g['traced MB'] * 1024:+.0f} KB, of which the context cache "
+              f"{g['ctx KB']:+.0f} KB, linecache {g['linecache MB'] * 1024:+.0f} KB and the "
+              f"rest {g['net MB'] * 1024:+.0f} KB")
+        print(f"{name}: largest tracemalloc growth since {since}:")
+        for s in result["top growth"]:
+            print(f"    {s['KB']:+9.1f} KB {s['blocks']:+7} blocks  {s['where']}")
+    if result["malloc_trim"]:
+        t = result["malloc_trim"]
+        print(f"{name}: malloc_trim(0) every {t['every s']:g} s: {t['trims']} calls, "
+              f"{t['released']} released memory, p50 {t['p50 ms']:.2f} ms, "
+              f"max {t['max ms']:.2f} ms (in a thread, off the loop)")
+    ok, line = verdict(result, limit_kb, limit_rss_mb)
     print(f"{name}: {line}")
     return ok
 
@@ -350,12 +511,39 @@ async def main() -> int:
     parser.add_argument("--top", type=int, default=8, help="growing lines shown")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rss-only", action="store_true",
+                        help="no tracemalloc: sample RSS (and SQLite's own memory) only")
+    parser.add_argument("--checkpoints", type=int, default=CHECKPOINTS)
+    parser.add_argument("--max-rss-growth-mb", type=float, default=1.0,
+                        help="with --rss-only: FAIL above this RSS growth per 1000 turns")
+    parser.add_argument("--arena-max", type=int, default=0,
+                        help="mallopt(M_ARENA_MAX, N) at start (0: glibc's default)")
+    parser.add_argument("--trim-every", type=float, default=0.0,
+                        help="malloc_trim(0) in a thread every S seconds (0: never)")
+    parser.add_argument("--steward-allocator", action="store_true",
+                        help="what `steward run` does: bot.app.allocator's defaults")
+    parser.add_argument("--sqlite-cache-kib", type=int, default=None,
+                        help="PRAGMA cache_size=-K on every SQLite connection")
+    parser.add_argument("--sql-cache-size", type=int, default=None,
+                        help="SQLAlchemy's compiled-statement cache size per engine")
     args = parser.parse_args()
-    if args.turns < CHECKPOINTS * 10:
-        parser.error(f"--turns must be at least {CHECKPOINTS * 10}")
+    if args.turns < args.checkpoints * 10:
+        parser.error(f"--turns must be at least {args.checkpoints * 10}")
+    if args.steward_allocator:
+        args.arena_max = args.arena_max or allocator.ARENA_MAX
+        args.trim_every = args.trim_every or allocator.TRIM_SECONDS
+    if args.arena_max:  # first, before this process starts any thread
+        args.arena_max_applied = allocator.configure(args.arena_max)
+    SoakStore.sqlite_cache_kib, SoakStore.sql_cache_size = (args.sqlite_cache_kib,
+                                                            args.sql_cache_size)
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
     chosen = list(backends) if args.backend == "both" else [args.backend]
-    tracemalloc.start()
+    if not args.rss_only:
+        tracemalloc.start()
+    note(f"allocator: glibc {'yes' if allocator.supported() else 'no'}, MALLOC_ARENA_MAX="
+         f"{os.environ.get('MALLOC_ARENA_MAX', '')!r}, --arena-max {args.arena_max or '-'}"
+         f"{' (applied)' if getattr(args, 'arena_max_applied', False) else ''}, "
+         f"--trim-every {args.trim_every or '-'}; load average {os.getloadavg()[0]:.1f}")
     results = {}
     for name in chosen:
         note(f"{name}: {args.turns} turns over {args.conversations} conversations "
@@ -365,11 +553,13 @@ async def main() -> int:
     ok = True
     if args.json:
         print(json.dumps({"args": vars(args), **results}, indent=2))
-        ok = all(verdict(r, args.max_growth_kb)[0] for r in results.values())
+        ok = all(verdict(r, args.max_growth_kb, args.max_rss_growth_mb)[0]
+                 for r in results.values())
     else:
         for name, result in results.items():
-            ok = report(name, result, args.max_growth_kb) and ok
-        print(f"\nthreshold: {THRESHOLD_WHY}")
+            ok = report(name, result, args.max_growth_kb, args.max_rss_growth_mb) and ok
+        print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(f"threshold: {THRESHOLD_WHY}")
     return 0 if ok else 1
 
 

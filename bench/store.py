@@ -1,12 +1,18 @@
 """Store benchmark, SQLite and PostgreSQL in one run:
 
-1. a bare INSERT + commit on the store's write engine (the floor for any step);
-2. effect sandwiches (intent -> effect -> result) through the real `Runner`;
-3. reading the last page of a conversation of 10^3 and 10^6 entries, in a fresh handle:
+1. the physical floor, measured in the same run: two (and three) raw commits of one small
+   UPDATE each, straight through the driver (stdlib sqlite3 in WAL with synchronous=FULL,
+   as the store runs it; asyncpg);
+2. whole effect sandwiches through the real `Runner`, timed from the claim to the result's
+   commit: safe (claim + result: two commits) and unsafe (claim, intent, result: three),
+   p50/p99 at c=1 with the ratio to the floor, and steps/s at c=1 and c=64;
+3. a claim's p50 with 20 / 2,000 / 20,000 ready tasks (it should not grow with the queue);
+4. reading the last page of a conversation of 10^3 and 10^6 entries, in a fresh handle:
    time and memory, so a read that grows with the conversation shows.
 
 usage: .venv/bin/python bench/store.py [--backend sqlite|postgres|both]
-           [--sizes 1000,1000000] [--steps 2000] [--json]
+           [--sizes 1000,1000000] [--steps 2000] [--burst 6000] [--depths 20,2000,20000]
+           [--json]
 """
 
 import argparse
@@ -15,6 +21,7 @@ import gc
 import json
 import logging
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -24,7 +31,8 @@ import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, insert, text, update
+import asyncpg
+from sqlalchemy import insert, make_url, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 # Run as a script, this file's directory comes first on sys.path and its name shadows the
@@ -33,14 +41,16 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bot.runtime import Effect, Policy, Registry, Runner, RunnerOptions  # noqa: E402
-from store import DONE, TERMINAL, Store, Writes, open_store  # noqa: E402
+from store import DONE, TERMINAL, Store, Writes, new_id, open_store  # noqa: E402
 from store.engine import create_engines, migrate  # noqa: E402
-from store.schema import conversations, entries  # noqa: E402
+from store.schema import conversations, entries, tasks  # noqa: E402
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-KIND = "bench.noop"
+KIND_SAFE, KIND_UNSAFE, KIND_IDLE = "bench.safe", "bench.unsafe", "bench.queued"
 BATCH = 10_000
 PAGE_RUNS = 20
+CLAIM_RUNS = 300
+FLOOR_RUNS = 1000
 WORDS = ("the meeting moved to thursday please send notes on invoice draft and review agenda "
          "follow up with budget for next quarter client project deadline summary").split()
 
@@ -54,32 +64,38 @@ def p50_p99(seconds: list[float]) -> list[float]:
     return [q[49] * 1000, q[98] * 1000]
 
 
-class Noop(Effect):
-    """A safe effect with no I/O; notes when each task's intent phase starts."""
+class SafeNoop(Effect):
+    """A safe effect with no I/O: claim, then its result (two commits)."""
 
-    kind = KIND
+    kind = KIND_SAFE
     policy = Policy.SAFE
-
-    def __init__(self, started: dict[str, float]):
-        self.started = started
-
-    async def step(self, ctx):
-        if ctx.phase == "":
-            self.started[ctx.task.id] = time.perf_counter()
-        return await super().step(ctx)
 
     async def perform(self, ctx):
         return {"ok": True, "i": ctx.inputs["i"]}
 
 
+class UnsafeNoop(SafeNoop):
+    """The same with an intent commit before the effect (three commits)."""
+
+    kind = KIND_UNSAFE
+    policy = Policy.UNSAFE
+
+
 class TimedStore(Store):
-    """The real store, noting when each task's terminal commit returns and counting the
-    runner's `next_due` polls."""
+    """The real store, noting when the claim that took each task began and when the task's
+    terminal commit returned."""
 
     def __init__(self, engines):
         super().__init__(engines)
+        self.claimed: dict[str, float] = {}
         self.finished: dict[str, float] = {}
-        self.polls = 0
+
+    async def claim_tasks(self, owner, limit, lease_seconds):
+        start = time.perf_counter()
+        claimed = await super().claim_tasks(owner, limit, lease_seconds)
+        for task in claimed:
+            self.claimed.setdefault(task.id, start)
+        return claimed
 
     async def commit(self, writes):
         result = await super().commit(writes)
@@ -88,48 +104,122 @@ class TimedStore(Store):
             self.finished[update_.task_id] = time.perf_counter()
         return result
 
-    async def next_due(self):
-        self.polls += 1
-        return await super().next_due()
+
+# -- the floor: the same commits with nothing but the driver ------------------------------
 
 
-async def bench_bare(store: Store, n: int) -> dict:
-    table = Table("bench_bare", MetaData(), Column("id", Integer, primary_key=True),
-                  Column("payload", Text))
-    engine = store._engines.write
-    async with engine.begin() as conn:
-        await conn.run_sync(table.metadata.create_all)
-    latencies = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        start = time.perf_counter()
-        async with engine.begin() as conn:
-            await conn.execute(insert(table).values(payload=f"row {i}"))
-        latencies.append(time.perf_counter() - start)
-    wall = time.perf_counter() - t0
-    return {"bare insert+commit p50/p99 (ms)": p50_p99(latencies), "bare commits/s": n / wall}
+def _sqlite_floor(path: str, runs: int, commits: int) -> list[float]:
+    """Blocking, in a thread of its own: `commits` transactions of one UPDATE each."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        for pragma in ("journal_mode=WAL", "synchronous=FULL"):
+            db.execute(f"PRAGMA {pragma}")
+        db.execute("CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, v INTEGER)")
+        db.execute("INSERT OR IGNORE INTO floor VALUES (1, 0)")
+        out = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            for _ in range(commits):
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
+                db.execute("COMMIT")
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        db.close()
 
 
-async def bench_sandwich(store: TimedStore, n: int, concurrency: int) -> dict:
-    started: dict[str, float] = {}
+async def _pg_floor(url: str, runs: int, commits: int) -> list[float]:
+    """`commits` autocommitted UPDATEs: one round trip and one WAL flush each."""
+    u = make_url(url)
+    schema = u.query.get("schema")
+    conn = await asyncpg.connect(host=u.host, port=u.port, user=u.username,
+                                 database=u.database,
+                                 server_settings={"search_path": schema} if schema else None)
+    try:
+        await conn.execute("CREATE TABLE IF NOT EXISTS floor (id int PRIMARY KEY, v int)")
+        await conn.execute("INSERT INTO floor VALUES (1, 0) ON CONFLICT DO NOTHING")
+        out = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            for _ in range(commits):
+                await conn.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        await conn.close()
+
+
+async def floor(url: str, commits: int, runs: int = FLOOR_RUNS) -> float:
+    """p50 in ms of `commits` raw commits."""
+    if url.startswith("sqlite"):
+        path = str(Path(make_url(url).database).with_name("floor.db"))
+        seconds = await asyncio.to_thread(_sqlite_floor, path, runs, commits)
+    else:
+        seconds = await _pg_floor(url, runs, commits)
+    return p50_p99(seconds)[0]
+
+
+# -- the sandwich, claim to result ---------------------------------------------------------
+
+
+async def bench_sandwich(store: TimedStore, kind: str, n: int, concurrency: int) -> dict:
     writes = Writes()
-    ids = [writes.spawn(KIND, {"i": i}) for i in range(n)]
+    ids = [writes.spawn(kind, {"i": i}) for i in range(n)]
     await store.commit(writes)
-    runner = Runner(store, Registry(Noop(started)),
+    runner = Runner(store, Registry(SafeNoop(), UnsafeNoop()),
                     RunnerOptions(concurrency=concurrency, poll_seconds=0.01))
     await runner.recover(steal_all=True)
-    store.polls = 0
     t0 = time.perf_counter()
     await runner.run(until_idle=True)
     wall = time.perf_counter() - t0
     counts = await store.count_tasks()
     if set(counts) != {DONE} or not all(i in store.finished for i in ids):
         raise RuntimeError(f"sandwich run left tasks unfinished: {counts}")
-    label = f"sandwich c={concurrency}"
-    out = {f"{label} steps/s": n / wall, f"{label} next_due polls/step": store.polls / n}
+    label = f"{kind.split('.')[1]} sandwich c={concurrency}"
+    out = {f"{label} steps/s": n / wall}
     if concurrency == 1:
-        out[f"{label} intent->result p50/p99 (ms)"] = p50_p99(
-            [store.finished[i] - started[i] for i in ids])
+        out[f"{label} claim->result p50/p99 (ms)"] = p50_p99(
+            [store.finished[i] - store.claimed[i] for i in ids])
+    return out
+
+
+# -- a claim against a deep queue ----------------------------------------------------------
+
+
+async def _queue_up(store: Store, n: int) -> None:
+    """Setup: `n` more ready tasks, straight into the table."""
+    t = time.time()
+    for lo in range(0, n, BATCH):
+        rows = [dict(id=new_id(), kind=KIND_IDLE, state="pending", phase="", inputs="{}",
+                     attempts=0, crashes=0, run_after=0.0, created_at=t, updated_at=t)
+                for _ in range(lo, min(lo + BATCH, n))]
+        async with store._engines.write.begin() as conn:
+            await conn.execute(insert(tasks), rows)
+    async with store._engines.write.begin() as conn:
+        await conn.execute(text("ANALYZE"))
+
+
+async def bench_claims(store: Store, depths: list[int]) -> dict:
+    """Claim one task and hand it back, `CLAIM_RUNS` times per depth; only the claim is
+    timed."""
+    out, queued = {}, 0
+    owner = f"bench:{uuid.uuid4().hex[:8]}"
+    for depth in sorted(depths):
+        await _queue_up(store, depth - queued)
+        queued = depth
+        seconds = []
+        for _ in range(CLAIM_RUNS):
+            start = time.perf_counter()
+            [task] = await store.claim_tasks(owner, 1, 30.0)
+            seconds.append(time.perf_counter() - start)
+            await store.release_tasks(owner, [task.id])
+        out[f"claim with {depth:,} ready p50/p99 (ms)"] = p50_p99(seconds)
+    lo, hi = (out[f"claim with {d:,} ready p50/p99 (ms)"][0] for d in (min(depths),
+                                                                        max(depths)))
+    out[f"claim p50 {max(depths):,} / {min(depths):,} ready"] = hi / lo
+    async with store._engines.write.begin() as conn:  # out of the way of what follows
+        await conn.execute(update(tasks).where(tasks.c.kind == KIND_IDLE).values(state=DONE))
     return out
 
 
@@ -202,16 +292,31 @@ async def bench_page(url: str, conv_id: int, n: int) -> dict:
                                                      after["VmHWM"]]}
 
 
-async def run_backend(url: str, sizes: list[int], steps: int) -> dict:
+async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
+                      depths: list[int]) -> dict:
     results: dict = {}
     store = TimedStore(create_engines(url))
     try:
         await migrate(store._engines)
-        note(f"  bare insert+commit x{steps}")
-        results.update(await bench_bare(store, steps))
-        for concurrency in (1, 8):
-            note(f"  sandwich x{steps}, concurrency={concurrency}")
-            results.update(await bench_sandwich(store, steps, concurrency))
+        # Floors before and after the runs they are compared with, so both see the same
+        # machine; the lower of the two is the floor.
+        floors = {2: [await floor(url, 2)], 3: [await floor(url, 3)]}
+        for kind in (KIND_SAFE, KIND_UNSAFE):
+            note(f"  {kind} x{steps}, c=1")
+            results.update(await bench_sandwich(store, kind, steps, 1))
+        floors[2].append(await floor(url, 2))
+        floors[3].append(await floor(url, 3))
+        two, three = min(floors[2]), min(floors[3])
+        safe = results["safe sandwich c=1 claim->result p50/p99 (ms)"][0]
+        unsafe = results["unsafe sandwich c=1 claim->result p50/p99 (ms)"][0]
+        results["floor: 2 raw commits p50 (ms)"] = two
+        results["floor: 3 raw commits p50 (ms)"] = three
+        results["safe p50 / 2-commit floor"] = safe / two
+        results["unsafe p50 / 3-commit floor"] = unsafe / three
+        note(f"  {KIND_SAFE} x{burst}, c=64")
+        results.update(await bench_sandwich(store, KIND_SAFE, burst, 64))
+        note(f"  claims with {depths} ready")
+        results.update(await bench_claims(store, depths))
         rng = random.Random(42)
         conv_ids = {n: await build_conversation(store, n, rng) for n in sizes}
     finally:
@@ -261,21 +366,27 @@ def fmt(value) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def _ints(arg: str) -> list[int]:
+    return [int(s) for s in arg.split(",") if s]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--sizes", default="1000,1000000")
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--sizes", default="1000,1000000", help="conversation sizes; '' skips")
+    parser.add_argument("--steps", type=int, default=2000, help="sandwiches per c=1 run")
+    parser.add_argument("--burst", type=int, default=6000, help="sandwiches in the c=64 run")
+    parser.add_argument("--depths", default="20,2000,20000")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes, depths = _ints(args.sizes), _ints(args.depths)
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
     chosen = list(backends) if args.backend == "both" else [args.backend]
     figures = {}
     for name in chosen:
         note(f"{name}:")
         async with backends[name]() as url:
-            figures[name] = await run_backend(url, sizes, args.steps)
+            figures[name] = await run_backend(url, sizes, args.steps, args.burst, depths)
     if args.json:
         print(json.dumps({"steps": args.steps, "sizes": sizes, **figures}, indent=2))
         return

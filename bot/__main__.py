@@ -1,5 +1,5 @@
 import sys
 
-from bot.cli import main
+from bot.app.cli import main
 
 sys.exit(main())

@@ -37,15 +37,18 @@ from pydantic import (
     field_validator,
 )
 
+from bot.tools.mcp.config import McpConfig
+
 __all__ = [
     "AgentConfig",
+    "AttachmentsConfig",
     "CompactionConfig",
     "Config",
     "ConfigError",
-    "EmailConfig",
+    "EmbeddingsConfig",
     "LLMConfig",
     "RuntimeConfig",
-    "SlackConfig",
+    "Section",
     "StoreConfig",
     "build_config",
     "find_config_path",
@@ -77,12 +80,18 @@ class ConfigError(Exception):
         return " ".join(text.split())  # always one line
 
 
-class _Section(BaseModel):
-    # strict: a TOML file has real types, so "3000" for a port or 1 for a bool is a mistake
+class Section(BaseModel):
+    """One table of the file. Strict: a TOML file has real types, so "3000" for a port or
+    1 for a bool is a mistake."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    def secrets(self) -> list[str]:
+        """The keys of this section naming environment variables that must be set."""
+        return []
 
-class StoreConfig(_Section):
+
+class StoreConfig(Section):
     url: str = ""  # empty = SQLite file steward.db in the home dir
 
     @field_validator("url")
@@ -99,7 +108,7 @@ class StoreConfig(_Section):
         return url
 
 
-class LLMConfig(_Section):
+class LLMConfig(Section):
     provider: Literal["openai", "anthropic", "scripted"] | None = None  # None = auto-detect
     model: str = ""
     base_url: str = ""
@@ -112,6 +121,24 @@ class LLMConfig(_Section):
     output_price_per_mtok: float = Field(0.0, ge=0)
     cache_read_price_per_mtok: float | None = Field(None, ge=0)
     cache_write_price_per_mtok: float | None = Field(None, ge=0)
+    # Another provider or model for when this one stays down or overloaded after its
+    # retries, tried in order: `[[llm.fallbacks]]` tables of these same keys.
+    fallbacks: list[LLMConfig] = Field(default_factory=list)
+
+    def secrets(self) -> list[str]:
+        return ["api_key_env"] if self.api_key_env else []
+    # A cheaper model of the same provider for summaries (compaction); empty: `model`.
+    summary_model: str = ""
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _plain_fallbacks(cls, fallbacks: list[LLMConfig]) -> list[LLMConfig]:
+        for n, fallback in enumerate(fallbacks):
+            if fallback.provider not in ("openai", "anthropic"):
+                raise ValueError(f"fallback {n + 1}: name its provider (openai or anthropic)")
+            if fallback.fallbacks:
+                raise ValueError(f"fallback {n + 1}: a fallback has no fallbacks of its own")
+        return fallbacks
 
     def cost_usd(self, usage) -> float:
         """What a call cost by these prices. `input_tokens` counts the whole prompt, cached
@@ -126,60 +153,32 @@ class LLMConfig(_Section):
                 + usage.output_tokens * self.output_price_per_mtok) / 1e6
 
 
-class SlackConfig(_Section):
-    enabled: bool = False
-    mode: Literal["socket", "http"] = "socket"
-    bot_token_env: str = "SLACK_BOT_TOKEN"
-    app_token_env: str = "SLACK_APP_TOKEN"
-    signing_secret_env: str = "SLACK_SIGNING_SECRET"
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(3000, ge=1, le=65535)
-    api_base_url: str = "https://slack.com/api/"
-    allowed_users: list[str] = Field(default_factory=list)
-    allowed_channels: list[str] = Field(default_factory=list)  # empty = any channel
-    allow_everyone: bool = False  # explicitly open; otherwise an empty allowed_users = nobody
-    unlisted: Literal["refuse", "ignore"] = "refuse"  # refuse politely once, or stay silent
-    answer_bots: bool = False  # other bots' messages (never its own)
-    max_file_bytes: int = Field(1_000_000, ge=0)  # files shared with Steward, per file
-    stream_update_seconds: float = Field(1.0, gt=0)  # between edits of a streaming answer
-
-
-class EmailConfig(_Section):
-    enabled: bool = False  # declared first: the validators below read it
-    address: str = Field("", validate_default=True)
-    imap_host: str = Field("", validate_default=True)
-    imap_port: int = Field(993, ge=1, le=65535)
-    imap_security: Literal["ssl", "starttls", "none"] = "ssl"
-    imap_user: str = ""
-    imap_password_env: str = "STEWARD_IMAP_PASSWORD"
-    mailbox: str = "INBOX"
-    sent_mailbox: str = "Sent"
-    smtp_host: str = Field("", validate_default=True)
-    smtp_port: int = Field(465, ge=1, le=65535)
-    smtp_security: Literal["ssl", "starttls", "none"] = "ssl"
-    smtp_user: str = ""
-    smtp_password_env: str = "STEWARD_SMTP_PASSWORD"
-    allowed_senders: list[str] = Field(default_factory=list)
-    allow_everyone: bool = False  # explicitly open; otherwise an empty list = nobody
-    require_auth_results: bool = False  # also require a passing Authentication-Results
-    max_attachment_bytes: int = Field(10_000_000, ge=0)  # stored per attachment
-    poll_seconds: float = Field(60.0, gt=0)  # when the server has no IDLE
-    idle_seconds: float = Field(1500.0, gt=0, le=1740)  # re-issue IDLE before 29 minutes
-
-    @field_validator("address", "imap_host", "smtp_host")
-    @classmethod
-    def _required_when_enabled(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("enabled") and not value.strip():
-            raise ValueError("must be set when enabled = true")
-        return value
-
-
-class AgentConfig(_Section):
+class AgentConfig(Section):
     name: str = "Steward"
     timezone: str = "UTC"  # the user's IANA timezone, for the clock tool and reminders
     system_prompt: str = ""  # appended to the built-in prompt
     tool_modules: list[str] = Field(default_factory=list)  # importable modules of extra tools
     max_tool_rounds: int = Field(16, ge=1)  # LLM calls per turn before it must answer
+    # Addresses (or "@domain") Steward may send to besides the person asking and
+    # [email] allowed_senders (bot/tools/permissions.py).
+    allowed_recipients: list[str] = Field(default_factory=list)
+    # Tools that always wait for the person's approval; unsafe tools from tool_modules do
+    # too unless approve_unsafe_custom_tools = false. How long a request waits, in minutes.
+    approval_tools: list[str] = Field(default_factory=list)
+    approve_unsafe_custom_tools: bool = True
+    approval_expiry_minutes: float = Field(1440.0, gt=0)
+    # Hosts, addresses and CIDR networks on the LAN or this machine that web tools may reach
+    # ("192.168.1.10", "nas.local", "10.0.0.0/24"); everything else must be public
+    # (bot/tools/netguard.py).
+    http_allow: list[str] = Field(default_factory=list)
+
+    @field_validator("http_allow")
+    @classmethod
+    def _allow_entries(cls, value: list[str]) -> list[str]:
+        from bot.tools.netguard import parse_allow
+
+        parse_allow(value)  # ValueError names the bad entry
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -193,7 +192,7 @@ class AgentConfig(_Section):
         return value
 
 
-class CompactionConfig(_Section):
+class CompactionConfig(Section):
     enabled: bool = True
     # Tokens kept free below the window: past (window - reserve) a summary is made in the
     # background; at the window itself the turn waits for it.
@@ -204,11 +203,83 @@ class CompactionConfig(_Section):
     facts_chars: int = Field(4_000, ge=0)
 
 
-class RuntimeConfig(_Section):
+class EmbeddingsConfig(Section):
+    """Semantic recall (bot/memory/embeddings.py). "none": lexical search only. "openai":
+    any OpenAI-compatible `/v1/embeddings` server (OpenAI, Ollama, llama.cpp, vLLM)."""
+
+    provider: Literal["none", "openai", "local"] = "none"
+    model: str = Field("", validate_default=True)
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str = ""
+    # Fuse the embeddings into every search. Off by default: bench/recall.py measures it
+    # (README), and it is on only where it wins. Entries are embedded either way.
+    hybrid: bool = False
+    lexical_weight: float = Field(0.7, ge=0.0, le=1.0)  # the words' share of the fusion
+    depth: int = Field(50, ge=1, le=1000)  # candidates from each ranking
+    batch_size: int = Field(64, ge=1, le=2048)  # texts per request
+
+    def secrets(self) -> list[str]:
+        return ["api_key_env"] if self.provider != "none" and self.api_key_env else []
+
+    @field_validator("provider")
+    @classmethod
+    def _available(cls, value: str) -> str:
+        if value == "local":
+            raise ValueError('"local" is not available in this build (no offline model '
+                             'installs with it); run a local OpenAI-compatible server '
+                             '(Ollama, llama.cpp) and use provider = "openai" with its '
+                             'base_url')
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_needed(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("provider", "none") != "none" and not value.strip():
+            raise ValueError("must name the embedding model when provider is set")
+        return value
+
+
+class LimitsConfig(Section):
+    """Spending caps from the ledger's cost (bot/agent/budget.py); 0 means no cap."""
+
+    daily_limit: float = Field(0.0, ge=0)  # everyone together, per day
+    monthly_limit: float = Field(0.0, ge=0)
+    person_daily_limit: float = Field(0.0, ge=0)  # each person (a conversation's owner)
+    person_monthly_limit: float = Field(0.0, ge=0)
+    warn_at: float = Field(0.8, gt=0, le=1)  # past this share of a cap, say so once
+    currency: str = Field("USD", min_length=1, max_length=8)
+    per_usd: float = Field(1.0, gt=0)  # the currency's units per US dollar
+
+    @property
+    def limited(self) -> bool:
+        return any(limit > 0 for limit in (self.daily_limit, self.monthly_limit,
+                                           self.person_daily_limit,
+                                           self.person_monthly_limit))
+
+
+class AttachmentsConfig(Section):
+    """Images and documents people share (bot/attachments/): how large an image may be
+    before it is refused or downscaled, how many go with a context, how much of a
+    document's text goes into the message."""
+
+    send_images: bool = True  # false for a model without vision: images are their note
+    max_image_side: int = Field(1568, ge=64, le=8000)  # pixels of the longer side sent
+    # Declared pixels past which an image is not decoded at all (a decompression bomb);
+    # at most Pillow's own warning threshold.
+    max_image_pixels: int = Field(40_000_000, ge=1, le=89_000_000)
+    max_image_bytes: int = Field(3_750_000, ge=10_000)  # of the image sent (5 MB in base64)
+    context_images: int = Field(4, ge=0, le=100)  # the newest ones sent; older: their note
+    max_text_chars: int = Field(20_000, ge=0)  # of a document's text put in the message
+    read_seconds: float = Field(30.0, gt=0)  # reading one file (a PDF), then it is a note
+
+
+class RuntimeConfig(Section):
     concurrency: int = Field(8, ge=1)
     lease_seconds: float = Field(15.0, gt=0)
     max_attempts: int = Field(5, ge=1)
     outage_attempts: int = Field(60, ge=1)  # tries while a channel's service is down
+    crash_limit: int = Field(10, ge=2)  # deaths of the process holding one task: a poison
+    crash_window_seconds: float = Field(900.0, ge=0)  # ... spanning at least this long
     drain_seconds: float = Field(20.0, ge=0)
     retry_base_seconds: float = Field(1.0, gt=0)
     retry_max_seconds: float = Field(300.0, gt=0)
@@ -222,14 +293,19 @@ class RuntimeConfig(_Section):
         return value
 
 
-class Config(_Section):
+class Config(Section):
+    """The core's sections. The composition root adds each connector's own
+    (bot/app/config.py); the file is read and checked as the one model."""
+
     store: StoreConfig = Field(default_factory=StoreConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
-    slack: SlackConfig = Field(default_factory=SlackConfig)
-    email: EmailConfig = Field(default_factory=EmailConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    attachments: AttachmentsConfig = Field(default_factory=AttachmentsConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
 
     # set by the loader; not part of the file
     _path: Path | None = PrivateAttr(default=None)
@@ -317,12 +393,15 @@ def load_config(
     cli_home: str | None = None,
     env: Mapping[str, str] = os.environ,
     cwd: Path | None = None,
+    *,
+    model: type[Config] = Config,
 ) -> Config:
     """Find, read, validate and check the config; raise ConfigError on any problem."""
     cwd = cwd if cwd is not None else Path.cwd()
     path = find_config_path(cli_config, env, cwd)
     data = _read_toml(path) if path is not None else {}
-    return build_config(data, home=resolve_home(cli_home, env, cwd), path=path, env=env)
+    return build_config(data, home=resolve_home(cli_home, env, cwd), path=path, env=env,
+                        model=model)
 
 
 def build_config(
@@ -331,12 +410,14 @@ def build_config(
     home: Path,
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
+    model: type[Config] = Config,
 ) -> Config:
     """Validate already-parsed TOML data (also handy in tests: no file needed)."""
     try:
-        config = Config.model_validate(dict(data))
+        config = model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(path, [_describe(err) for err in exc.errors()]) from None
+        sections = frozenset(model.model_fields)
+        raise ConfigError(path, [_describe(err, sections) for err in exc.errors()]) from None
     config._path = path
     config._home = home
     config._env = dict(env or {})
@@ -373,16 +454,13 @@ def _describe_toml_error(text: str) -> str:
     return f"invalid TOML at line {match['line']}: {match['msg']} (column {match['col']})"
 
 
-_SECTIONS = frozenset(Config.model_fields)
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
+def _location(loc: tuple[int | str, ...], sections: frozenset[str]) -> str:
     if not loc:
         return ""
     head, rest = loc[0], loc[1:]
-    if head in _SECTIONS and not rest:
+    if head in sections and not rest:
         return f"[{head}]"
-    if head in _SECTIONS:
+    if head in sections:
         text = f"[{head}] {rest[0]}"
         rest = rest[1:]
     else:
@@ -392,17 +470,17 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return text
 
 
-def _describe(err: Any) -> tuple[str, str]:
-    loc = tuple(err["loc"])
+def _describe(err: Any, sections: frozenset[str]) -> tuple[str, str]:
+    loc = _location(tuple(err["loc"]), sections)
     kind = err["type"]
     if kind == "extra_forbidden":
-        return _location(loc), "unknown key"
+        return loc, "unknown key"
     if kind == "model_type":
-        return _location(loc), f"must be a table (got {_toml_repr(err['input'])})"
+        return loc, f"must be a table (got {_toml_repr(err['input'])})"
     message = err["msg"]
     if kind == "value_error":
-        return _location(loc), message.removeprefix("Value error, ")
-    return _location(loc), f"{message} (got {_toml_repr(err['input'])})"
+        return loc, message.removeprefix("Value error, ")
+    return loc, f"{message} (got {_toml_repr(err['input'])})"
 
 
 def _toml_repr(value: Any) -> str:
@@ -411,23 +489,14 @@ def _toml_repr(value: Any) -> str:
 
 
 def _missing_secrets(config: Config) -> list[tuple[str, str]]:
-    needed: list[tuple[str, str]] = []  # (section, key naming the variable)
-    if config.llm.api_key_env:
-        needed.append(("llm", "api_key_env"))
-    if config.slack.enabled:
-        needed.append(("slack", "bot_token_env"))
-        needed.append(
-            ("slack", "app_token_env" if config.slack.mode == "socket" else "signing_secret_env")
-        )
-    if config.email.enabled:
-        needed.append(("email", "imap_password_env"))
-        if config.email.smtp_user:
-            needed.append(("email", "smtp_password_env"))
     problems = []
-    for section, key in needed:
-        name = getattr(getattr(config, section), key)
-        if not name:
-            problems.append((f"[{section}] {key}", "must name an environment variable"))
-        elif not config._env.get(name):
-            problems.append((f"[{section}] {key}", f"environment variable {name} is not set"))
+    for section in type(config).model_fields:
+        values = getattr(config, section)
+        for key in values.secrets() if isinstance(values, Section) else []:
+            name = getattr(values, key)
+            if not name:
+                problems.append((f"[{section}] {key}", "must name an environment variable"))
+            elif not config._env.get(name):
+                problems.append((f"[{section}] {key}",
+                                 f"environment variable {name} is not set"))
     return problems

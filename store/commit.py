@@ -39,11 +39,13 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     last_seq = await _entries(conn, writes, t, result)
 
     for nt in writes.tasks:
+        # Due from its creation at the earliest: claims take due work oldest-due first, so
+        # a retry that came due earlier is not overtaken by every task made after it.
         values = dict(
             id=nt.id, kind=nt.kind, parent_id=nt.parent_id, conversation_id=nt.conversation_id,
             state=PENDING, phase="", inputs=dumps(nt.inputs), idem_key=nt.idem_key,
-            dedupe_key=nt.dedupe_key, attempts=0, run_after=nt.run_after, created_at=t,
-            updated_at=t)
+            dedupe_key=nt.dedupe_key, attempts=0, run_after=max(nt.run_after, t),
+            created_at=t, updated_at=t)
         if nt.dedupe_key is None:
             await conn.execute(insert(tasks).values(**values))
             result.task_ids.append(nt.id)
@@ -153,11 +155,13 @@ async def _update_task(conn, u: TaskUpdate, t: float) -> None:
         state=u.state, phase=u.phase,
         checkpoint=None if u.checkpoint is None else dumps(u.checkpoint),
         result=None if u.result is None else dumps(u.result), error=u.error,
-        wait_mode=u.wait_mode, run_after=u.run_after, updated_at=t)
+        failure=u.failure, wait_mode=u.wait_mode, run_after=u.run_after, updated_at=t)
     if not keep_lease:
         values.update(lease_owner=None, lease_expires=None)
     if u.attempts is not None:
         values["attempts"] = u.attempts
+    if u.progressed:
+        values.update(crashes=0, crashed_since=None)
     if u.inputs is not None:
         values["inputs"] = dumps(u.inputs)
     if u.state == PENDING and u.wake_if_settled:
@@ -230,7 +234,7 @@ async def _withdraw_tasks(conn, writes: Writes, t: float) -> None:
             raise DuplicateSubmission(f"task {wd.task_id} started: not withdrawn")
         row = (await conn.execute(
             update(tasks).where(tasks.c.id == wd.task_id, tasks.c.state == PENDING)
-            .values(state=DONE, result=dumps(wd.result), error=None, run_after=0.0,
+            .values(state=DONE, result=dumps(wd.result), error=None, failure=None, run_after=0.0,
                     lease_owner=None, lease_expires=None, updated_at=t)
             .returning(tasks.c.parent_id))).one()
         if row.parent_id is not None:

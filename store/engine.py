@@ -5,25 +5,47 @@ a crash), foreign keys on, a busy timeout. Writes go through a single connection
 begins with `BEGIN IMMEDIATE`, so a read-then-write step never deadlocks on lock upgrade;
 reads use their own small pool and never wait for a writer (WAL).
 
-PostgreSQL (asyncpg): one engine for both. A `schema` query parameter on the URL (our
-extension) selects a search_path, which the tests use for isolation.
+The SQLite files are private to their owner: a directory created for the database is 0700,
+the database is created 0600 before SQLite opens it (SQLite gives its `-wal`, `-shm` and
+`-journal` files the database's own mode), and existing ones left readable by others are
+tightened to 0600 on open.
+
+The store's own write transactions on SQLite run on one thread that owns a connection of
+its own (`store/writer.py`, with group commit); the write engine here serves migrations and
+the few writers outside the store.
+
+PostgreSQL (asyncpg): an engine for reads (each connection pinged before use) and one for
+writes (never pinged: a dead connection fails its transaction, which is retried like any
+failed commit), plus a bare asyncpg pool for the task queue's fixed statements
+(`store/hotpath.py`). A `schema` query parameter on the URL (our extension) selects a
+search_path, which the tests use for isolation.
 """
 
-from dataclasses import dataclass
+import asyncio
+import logging
+import os
+import sqlite3
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
 from sqlalchemy import event, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from store import revision
 from store.errors import StoreError
+from store.writer import SqliteWriter
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Any constant works; it only has to be the same in every Steward process.
 _MIGRATION_LOCK = 0x5354_4557
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+_SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON",
+                   "busy_timeout=30000")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,11 +53,52 @@ class Engines:
     write: AsyncEngine
     read: AsyncEngine
     dialect: str
+    writer: SqliteWriter | None = None  # SQLite: the store's own write transactions
+    pg_dsn: str | None = None  # PostgreSQL: for the hot path's pool
+    pg_settings: dict = field(default_factory=dict)
+    _pool: object = None
+    _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def pool(self):
+        """The asyncpg pool for `store/hotpath.py`, opened on first use."""
+        if self._pool is None:
+            async with self._pool_lock:
+                if self._pool is None:
+                    import asyncpg
+
+                    self._pool = await asyncpg.create_pool(
+                        self.pg_dsn, min_size=0, max_size=10, reset=_no_reset,
+                        server_settings=self.pg_settings or None)
+        return self._pool
 
     async def dispose(self) -> None:
+        if self.writer is not None:
+            await self.writer.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
         await self.write.dispose()
         if self.read is not self.write:
             await self.read.dispose()
+
+
+async def _no_reset(_conn) -> None:
+    """The hot path leaves no session state behind (single autocommitted statements), so a
+    connection goes back to the pool as it is, without asyncpg's reset round trip."""
+
+
+def _configure_sqlite(dbapi_conn) -> None:
+    cur = dbapi_conn.cursor()
+    for pragma in _SQLITE_PRAGMAS:
+        cur.execute(f"PRAGMA {pragma}")
+    cur.close()
+
+
+def _writer_connection(path: str) -> sqlite3.Connection:
+    """The writer thread's connection: transactions are spelled out by the writer."""
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    _configure_sqlite(conn)
+    return conn
 
 
 def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
@@ -51,11 +114,7 @@ def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
     def _on_connect(dbapi_conn, _record):
         # Let SQLAlchemy's BEGIN below be the only transaction control.
         dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON",
-                       "busy_timeout=30000"):
-            cur.execute(f"PRAGMA {pragma}")
-        cur.close()
+        _configure_sqlite(dbapi_conn)
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn):
@@ -64,47 +123,91 @@ def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
     return engine
 
 
+def _private_database_files(db: Path) -> None:
+    """The database's directory (0700 when made here) and the database, created 0600 if
+    missing; the database and its companion files tightened to 0600 if others may read
+    them. Runs once per open, before the first connection."""
+    db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:  # an empty file is an empty database to SQLite
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for path in (db, *(db.with_name(db.name + suffix) for suffix in _SQLITE_COMPANIONS)):
+        try:
+            mode = path.stat().st_mode
+            if mode & 0o077:
+                os.chmod(path, stat.S_IMODE(mode) & ~0o077)
+        except FileNotFoundError:
+            continue
+        except PermissionError as exc:  # a database shared on purpose, owned by another user
+            log.warning("cannot make %s private: %s", path, exc)
+
+
 def create_engines(url_text: str) -> Engines:
     url = make_url(url_text)
     backend = url.get_backend_name()
     if backend == "sqlite":
-        if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        database = url.database or ""
+        if database and database != ":memory:":
+            _private_database_files(Path(database))
         write = _sqlite_engine(url, immediate=True, pool_size=1)
         read = _sqlite_engine(url, immediate=False, pool_size=4)
-        return Engines(write=write, read=read, dialect="sqlite")
+        writer = SqliteWriter(lambda: _writer_connection(database or ":memory:"))
+        return Engines(write=write, read=read, dialect="sqlite", writer=writer)
     if backend == "postgresql":
         connect_args = {}
         schema = url.query.get("schema")
         if schema:
             url = url.difference_update_query(["schema"])
             connect_args["server_settings"] = {"search_path": schema}
-        engine = create_async_engine(url, pool_size=10, max_overflow=10,
-                                     connect_args=connect_args, pool_pre_ping=True)
-        return Engines(write=engine, read=engine, dialect="postgresql")
+        write = create_async_engine(url, pool_size=10, max_overflow=10,
+                                    connect_args=connect_args)
+        read = create_async_engine(url, pool_size=5, max_overflow=10,
+                                   connect_args=connect_args, pool_pre_ping=True)
+        dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return Engines(write=write, read=read, dialect="postgresql", pg_dsn=dsn,
+                       pg_settings=connect_args.get("server_settings", {}))
     raise StoreError(f"unsupported store url {url_text!r}: use sqlite+aiosqlite or "
                      "postgresql+asyncpg")
 
 
 def _upgrade(sync_conn, revision: str) -> None:
+    # Alembic only when there is something to migrate (store/revision.py says when).
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["connection"] = sync_conn
     command.upgrade(cfg, revision)
 
 
+def _target(revision: str) -> str:
+    from alembic.config import Config as AlembicConfig
+    from alembic.script import ScriptDirectory
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(cfg).get_revision(revision).revision
+
+
 async def migrate(engines: Engines, revision: str = "head") -> None:
-    """Apply pending migrations in one transaction (several processes may race here)."""
-    async with engines.write.begin() as conn:
-        if engines.dialect == "postgresql":
-            await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
-        await conn.run_sync(_upgrade, revision)
+    """Apply pending migrations in one transaction (several processes may race here).
+
+    A revision that commits as it goes (0008) lets another process in between its steps;
+    the one beaten to the end fails, rolls back, and finds the database where it wanted it.
+    """
+    try:
+        async with engines.write.begin() as conn:
+            if engines.dialect == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"),
+                                   {"k": _MIGRATION_LOCK})
+            await conn.run_sync(_upgrade, revision)
+    except Exception:
+        if await current_revision(engines) != _target(revision):
+            raise
+        log.info("another process finished the migration to %s meanwhile", revision)
 
 
 async def current_revision(engines: Engines) -> str | None:
-    async with engines.read.connect() as conn:
-        try:
-            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
-        except Exception:  # no table yet: a database never opened by Steward
-            return None
-        return row[0] if row else None
+    return await revision.current(engines)

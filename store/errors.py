@@ -6,6 +6,8 @@ StoreError
  +-- DocumentError      a document could not be read or written
  |    +-- DocumentCorrupt   an op in the stored history no longer applies
  |    +-- DocumentConflict  an edit was made against a version that is no longer the newest
+ |    +-- OpError           an op that does not apply to its value (documents/ops.py)
+ |    +-- StaleError        a tracked part of a draft used after it left it (documents/draft.py)
  +-- NotFound           a conversation, task or document that does not exist
 """
 

@@ -81,13 +81,18 @@ class Task:
     error: str | None
     idem_key: str | None
     dedupe_key: str | None
-    attempts: int
+    attempts: int  # failed tries of the current phase
     wait_mode: str | None
     lease_owner: str | None
     lease_expires: float | None
     run_after: float
     created_at: float
     updated_at: float
+    crashes: int = 0  # lives that died holding it since its last committed phase
+    crashed_since: float | None = None  # when the first of those deaths was found
+    # The kind of the last error: "outage", "contention", "fault", "poison", "interrupted"
+    # (bot/runtime/definitions.py); None when the last phase succeeded.
+    failure: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -188,7 +193,11 @@ def task_from_row(row, *, lenient: bool = False) -> Task:
     """Decode a task row. Strict (for running it) raises CorruptRow; lenient (for listing
     it) shows an undecodable value as `{"corrupt": reason}` so one bad row cannot hide the
     others."""
-    m = row._mapping
+    return task_from_mapping(row._mapping, lenient=lenient)
+
+
+def task_from_mapping(m, *, lenient: bool = False) -> Task:
+    """`task_from_row` for a plain mapping of column names (a driver's own row)."""
 
     def dec(column):
         try:
@@ -206,4 +215,5 @@ def task_from_row(row, *, lenient: bool = False) -> Task:
         attempts=m["attempts"], wait_mode=m["wait_mode"], lease_owner=m["lease_owner"],
         lease_expires=m["lease_expires"], run_after=m["run_after"],
         created_at=m["created_at"], updated_at=m["updated_at"],
+        crashes=m["crashes"], crashed_since=m["crashed_since"], failure=m["failure"],
     )

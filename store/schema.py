@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -76,6 +77,16 @@ conversations = Table(
     Index("ix_conversations_scope", "scope"),
 )
 
+# Full-text search (store/search.py) reads an index that is not part of this metadata: the
+# migrations build it (0004, rebuilt by 0008) and the search reaches it through `text()`
+# only. SQLite: the FTS5 tables `entries_fts` (speaker name and text, Porter stems) and
+# `entries_cjk` (trigrams, with `entries_cjk_vocab`), fed by the trigger `entries_search_ai`.
+# PostgreSQL: the column `entries.search_vec`, filled by the trigger `entries_search_bi`,
+# with the GIN index `ix_entries_search`. Declared here, `select(entries)` would read the
+# column everywhere. tests/test_search_migration.py checks that the rest matches.
+SEARCH_INDEX = {"sqlite": ("entries_fts", "entries_cjk"),
+                "postgresql": ("search_vec", "ix_entries_search")}
+
 entries = Table(
     "entries",
     metadata,
@@ -92,6 +103,19 @@ entries = Table(
     UniqueConstraint("conversation_id", "seq", name="uq_entries_conversation_seq"),
     Index("ix_entries_task", "task_id"),
     Index("ix_entries_conversation_id", "conversation_id", "id"),  # search by scope (0005)
+    Index("ix_entries_created_at", "created_at"),  # search by the question's time (0009)
+)
+
+# Embeddings (0009, store/vectors.py): float32 bytes of unit length; NULL = refused.
+entry_vectors = Table(
+    "entry_vectors",
+    metadata,
+    Column("model", SafeString(128), primary_key=True),
+    Column("entry_id", BigId, ForeignKey("entries.id"), primary_key=True),
+    Column("conversation_id", BigId, nullable=False),
+    Column("vec", LargeBinary),
+    Column("created_at", Float, nullable=False),
+    Index("ix_entry_vectors_scope", "model", "conversation_id", "entry_id"),
 )
 
 tasks = Table(
@@ -107,16 +131,24 @@ tasks = Table(
     Column("checkpoint", SafeText),
     Column("result", SafeText),
     Column("error", SafeText),
+    Column("failure", SafeString(16)),  # the last error's kind (migration 0011)
     Column("idem_key", SafeString(128)),
     Column("dedupe_key", SafeString(512), unique=True),
     Column("attempts", Integer, nullable=False, default=0),
+    # Lives of the process that died holding the task since its last committed phase, and
+    # when the first of those deaths was found (poison detection, bot/runtime/runner.py).
+    Column("crashes", Integer, nullable=False, default=0, server_default="0"),
+    Column("crashed_since", Float),
     Column("wait_mode", SafeString(16)),
     Column("lease_owner", SafeString(128)),
     Column("lease_expires", Float),
     Column("run_after", Float, nullable=False, default=0.0),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
-    Index("ix_tasks_state_run_after", "state", "run_after"),
+    # A claim walks these in the order it takes rows (0010): due work oldest-due first,
+    # and leases nobody renews.
+    Index("ix_tasks_ready", "state", "run_after", "id"),
+    Index("ix_tasks_leases", "state", "lease_expires"),
     Index("ix_tasks_parent", "parent_id"),
     Index("ix_tasks_conversation_kind", "conversation_id", "kind", "id"),
 )

@@ -3,9 +3,10 @@
 import logging
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_, select, text
+from sqlalchemy import Integer, and_, cast, func, insert, or_, select, text
 
 from store import commit as _commit
+from store import hotpath as _hot
 from store import liveness as _liveness
 from store import schedules as _schedules
 from store import tasks as _tasks
@@ -14,6 +15,7 @@ from store.engine import Engines, create_engines, migrate
 from store.errors import NotFound
 from store.records import (
     DONE,
+    RUNNING,
     TERMINAL,
     CommitResult,
     Conversation,
@@ -29,6 +31,7 @@ from store.records import (
     schedule_from_row,
     task_from_row,
 )
+from store.revision import at_head
 from store.schema import conversations, entries, storable, submissions, tasks, usage
 from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
@@ -36,6 +39,7 @@ from store.writes import Writes
 
 log = logging.getLogger(__name__)
 
+_PARENTS_KEPT = 100_000  # claimed tasks' parents remembered (PostgreSQL's fast path)
 _KNOWN_PER_QUERY = 500  # well under SQLite's bound-parameter limit
 # One index probe per id on PostgreSQL: a plain `IN (...)` is planned from statistics, and
 # on a never-analyzed table (a fresh import, autovacuum off) it filters the whole channel.
@@ -52,7 +56,7 @@ def conversation_namespace(conversation_id: int) -> str:
 
 async def open_store(url: str, *, upgrade: bool = True) -> "Store":
     engines = create_engines(url)
-    if upgrade:
+    if upgrade and not await at_head(engines):  # at head: Alembic is not even loaded
         await migrate(engines)
     return Store(engines)
 
@@ -62,6 +66,10 @@ class Store:
         self._engines = engines
         self.dialect = engines.dialect
         self._liveness = None  # the connection holding this worker's liveness lock
+        self._writer = engines.writer  # SQLite: every write transaction of the store
+        # PostgreSQL: the parent of each task this store claimed (None: it has none), so a
+        # result that wakes no parent can be one statement. Parents never change.
+        self._parents: dict[str, str | None] = {}
 
     @property
     def single_node(self) -> bool:
@@ -79,12 +87,40 @@ class Store:
 
     async def commit(self, writes: Writes) -> CommitResult:
         """Everything in `writes` lands in one transaction, or nothing does."""
+        update = _hot.lone_update(writes)
         try:
-            async with self._engines.write.begin() as conn:
-                return await _commit.apply(conn, self.dialect, writes)
+            if update is not None and await self._fast_update(update):
+                result = CommitResult()
+            else:
+                result = await self._write(lambda conn: _commit.apply(conn, self.dialect,
+                                                                      writes))
         except _commit.DuplicateSubmission as dup:
             log.debug("duplicate submission %s: step not applied", dup)
             return CommitResult(duplicate=True)
+        if writes.task_update is not None and writes.task_update.state != RUNNING:
+            self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
+        return result
+
+    async def _fast_update(self, u) -> bool:
+        """A step that only moves its task on, as the hot path's fixed statements; False
+        when it needs the general commit."""
+        if self._writer is not None:
+            await self._writer.run(lambda s: _hot.sqlite_update(s.raw, u, now()))
+            return True
+        parent = self._parents.get(u.task_id, "?")
+        if not _hot.pg_fits(u, parent is None):
+            return False
+        async with (await self._engines.pool()).acquire() as conn:
+            await _hot.pg_update(conn, u, now())
+        return True
+
+    async def _write(self, fn):
+        """`await fn(conn)` in one write transaction: on SQLite's writer thread (grouped
+        with others), else in a transaction of the write engine."""
+        if self._writer is not None:
+            return await self._writer.run(lambda s: s.inline(fn))
+        async with self._engines.write.begin() as conn:
+            return await fn(conn)
 
     # -- conversations and entries -----------------------------------------------------
 
@@ -94,13 +130,15 @@ class Store:
         """The conversation with this key, created if new. `scope` says who may see what
         was said in it (default: private to its owner)."""
         t = now()
-        async with self._engines.write.begin() as conn:
+
+        async def ensure(conn):
             await conn.execute(insert_ignore(self.dialect, conversations, "key").values(
                 key=key, owner=owner, last_seq=0, meta=dumps(meta or {}), created_at=t,
                 updated_at=t, scope=scope or f"private:{owner or 'local'}"))
-            row = (await conn.execute(select(conversations).where(conversations.c.key == key))
-                   ).one()
-        return conversation_from_row(row)
+            return conversation_from_row((await conn.execute(
+                select(conversations).where(conversations.c.key == key))).one())
+
+        return await self._write(ensure)
 
     async def _conversation(self, condition, missing: str) -> Conversation:
         async with self._engines.read.connect() as conn:
@@ -128,7 +166,8 @@ class Store:
         """A new conversation that sees `key`'s entries up to `at_seq` (default: all of
         them now) without copying them, and gets the parent's documents by their policy."""
         t = now()
-        async with self._engines.write.begin() as conn:
+
+        async def fork(conn):
             parent = (await conn.execute(
                 select(conversations).where(conversations.c.key == key))).first()
             if parent is None:
@@ -144,9 +183,10 @@ class Store:
             await _versions.copy_for_fork(
                 conn, self.dialect, conversation_namespace(parent.id),
                 conversation_namespace(child_id), fork_at=at, child_conversation_id=child_id)
-            row = (await conn.execute(
-                select(conversations).where(conversations.c.id == child_id))).one()
-        return conversation_from_row(row)
+            return conversation_from_row((await conn.execute(
+                select(conversations).where(conversations.c.id == child_id))).one())
+
+        return await self._write(fork)
 
     async def _lineage(self, conn, conversation_id: int):
         """(conversation id, highest visible seq or None) from the fork back to the root."""
@@ -256,12 +296,27 @@ class Store:
         return {state: n for state, n in rows}
 
     async def claim_tasks(self, owner: str, limit: int, lease_seconds: float) -> list[Task]:
-        async with self._engines.write.begin() as conn:
-            return await _tasks.claim(conn, owner, limit, lease_seconds)
+        if self._writer is not None:
+            return await self._writer.run(lambda s: _hot.sqlite_claim(
+                s.raw, owner, limit, lease_seconds, now()))
+        async with (await self._engines.pool()).acquire() as conn:
+            claimed = await _hot.pg_claim(conn, owner, limit, lease_seconds, now())
+        if len(self._parents) > _PARENTS_KEPT:  # leases lost long ago: start afresh
+            self._parents.clear()
+        self._parents.update((t.id, t.parent_id) for t in claimed)
+        return claimed
+
+    async def release_tasks(self, owner: str, task_ids: list[str], *,
+                            run_after: float = 0.0) -> int:
+        """Hand claimed tasks back untouched (nothing counted against them), due at
+        `run_after`."""
+        for task_id in task_ids:
+            self._parents.pop(task_id, None)
+        return await self._write(lambda conn: _tasks.release(conn, owner, task_ids, run_after))
 
     async def renew_leases(self, owner: str, task_ids: list[str], lease_seconds: float) -> int:
-        async with self._engines.write.begin() as conn:
-            return await _tasks.renew(conn, owner, task_ids, lease_seconds)
+        return await self._write(lambda conn: _tasks.renew(conn, owner, task_ids,
+                                                            lease_seconds))
 
     async def announce_worker(self, owner: str) -> None:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`."""
@@ -274,9 +329,8 @@ class Store:
             async with self._engines.write.connect() as conn:
                 dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
                 await conn.commit()
-        async with self._engines.write.begin() as conn:
-            return await _tasks.recover(conn, steal_all=steal_all, dead_owners=dead,
-                                        registered_kinds=registered_kinds)
+        return await self._write(lambda conn: _tasks.recover(
+            conn, steal_all=steal_all, dead_owners=dead, registered_kinds=registered_kinds))
 
     async def next_due(self) -> float | None:
         async with self._engines.read.connect() as conn:
@@ -361,6 +415,38 @@ class Store:
         return {"calls": row[0], "input_tokens": row[1], "output_tokens": row[2],
                 "cost_usd": row[3]}
 
+    async def spend_since(self, since: float, *, owner: str | None = None) -> float:
+        """What the ledger's calls since `since` cost, in all (None) or in the
+        conversations of one `owner` (as conversations name theirs)."""
+        query = select(func.coalesce(func.sum(usage.c.cost_usd), 0.0)).where(
+            usage.c.created_at >= since)
+        if owner is not None:
+            query = query.where(usage.c.conversation_id.in_(
+                select(conversations.c.id).where(conversations.c.owner == owner)))
+        async with self._engines.read.connect() as conn:
+            return float((await conn.execute(query)).scalar_one())
+
+    async def spend_report(self, since: float, *, day_offset: float = 0.0) -> list[dict]:
+        """The ledger since `since` by person (the conversation's owner), model and day:
+        `{"owner", "model", "day" (days since the epoch, shifted by `day_offset` seconds
+        to the owner's clock), "calls", "input_tokens", "output_tokens", "cost"}`."""
+        days = (usage.c.created_at + day_offset) / 86400.0
+        # SQLite's CAST truncates (the same as floor for times after 1970); PostgreSQL's rounds.
+        day = func.floor(days) if self.dialect == "postgresql" else cast(days, Integer)
+        query = (select(conversations.c.owner, usage.c.model, day.label("day"), func.count(),
+                        func.sum(usage.c.input_tokens), func.sum(usage.c.output_tokens),
+                        func.sum(usage.c.cost_usd))
+                 .select_from(usage.outerjoin(conversations,
+                                              conversations.c.id == usage.c.conversation_id))
+                 .where(usage.c.created_at >= since)
+                 .group_by(conversations.c.owner, usage.c.model, day)
+                 .order_by(day, func.coalesce(conversations.c.owner, ""), usage.c.model))
+        async with self._engines.read.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [{"owner": r[0], "model": r[1], "day": int(r[2]), "calls": r[3],
+                 "input_tokens": int(r[4] or 0), "output_tokens": int(r[5] or 0),
+                 "cost": float(r[6] or 0.0)} for r in rows]
+
     # -- search ------------------------------------------------------------------------
 
     async def shared_scopes_of(self, owner: str) -> list[str]:
@@ -373,22 +459,15 @@ class Store:
 
     async def search(self, query: str, *, scopes: list[str] | None = None,
                      conversation_key: str | None = None, limit: int = 10, offset: int = 0,
-                     context: int = 1, at: float | None = None) -> list:
+                     context: int = 1, at: float | None = None,
+                     when: tuple[float, float] | None = None) -> list:
         """Full-history search (`store/search.py`): a page of ranked `Hit`s with `context`
         neighbours each side, only from conversations whose scope is in `scopes` (None: no
         restriction) and, if given, from the one conversation `conversation_key`. Recency
         is measured from `at` (default: now, rounded up to the hour, so that consecutive
-        pages are ranked against the same clock)."""
-        from store import search as _search  # here: the one method that needs it
+        pages are ranked against the same clock); `when` is the question's time, if it
+        names one ([since, until) in unix seconds). With embeddings: `store.hybrid.find`."""
+        from store import hybrid  # here: the one method that needs it
 
-        clock = at if at is not None else -(-now() // 3600) * 3600
-        async with self._engines.read.connect() as conn:
-            conversation_id = None
-            if conversation_key is not None:
-                conversation_id = (await conn.execute(select(conversations.c.id).where(
-                    conversations.c.key == conversation_key))).scalar()
-                if conversation_id is None:
-                    raise NotFound(f"no conversation {conversation_key!r}")
-            return await _search.search(conn, self.dialect, storable(query), scopes=scopes,
-                                        conversation_id=conversation_id, limit=limit,
-                                        offset=offset, now=clock, context=context)
+        return await hybrid.find(self, query, scopes=scopes, conversation_key=conversation_key,
+                                 limit=limit, offset=offset, context=context, at=at, when=when)

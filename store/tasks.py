@@ -1,46 +1,37 @@
-"""Task queue queries: claiming ready work under a lease, renewing it, recovering after a
-crash. Phase commits go through `commit.apply` with a `TaskUpdate`."""
+"""Task queue queries: renewing leases, handing tasks back, recovering after a crash.
+Claims and lone phase commits are fixed statements (`store/hotpath.py`); every other
+phase commit goes through `commit.apply` with a `TaskUpdate`."""
 
 import logging
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 
-from store.errors import CorruptRow
-from store.records import BLOCKED, PENDING, RUNNING, Task, now, task_from_row
+from store.records import BLOCKED, PENDING, RUNNING, now
 from store.schema import tasks
 
 log = logging.getLogger(__name__)
 
 
-def _ready(t: float):
-    return or_(and_(tasks.c.state == PENDING, tasks.c.run_after <= t),
-               and_(tasks.c.state == RUNNING, tasks.c.lease_expires < t))
+def _died(t: float, where=None) -> dict:
+    """A task found running under a lease nobody holds any more: the process holding it
+    died (or stalled past its lease). Counted apart from the effect's own failures: a
+    death is not the effect's fault, but one that recurs is how a poison input shows."""
+    if where is None:
+        return {"crashes": tasks.c.crashes + 1,
+                "crashed_since": func.coalesce(tasks.c.crashed_since, t)}
+    return {"crashes": case((where, tasks.c.crashes + 1), else_=tasks.c.crashes),
+            "crashed_since": case((where, func.coalesce(tasks.c.crashed_since, t)),
+                                  else_=tasks.c.crashed_since)}
 
 
-async def claim(conn, owner: str, limit: int, lease_seconds: float) -> list[Task]:
-    """Lease up to `limit` ready tasks (pending and due, or running with an expired lease)
-    to `owner`, oldest first. Each claim counts as an attempt. A row that cannot be decoded
-    is blocked with the reason and left out, so it cannot stop the queue."""
-    t = now()
-    ids = (select(tasks.c.id).where(_ready(t)).order_by(tasks.c.id).limit(limit)
-           .with_for_update(skip_locked=True).scalar_subquery())
-    rows = (await conn.execute(
-        update(tasks).where(tasks.c.id.in_(ids))
-        .values(state=RUNNING, lease_owner=owner, lease_expires=t + lease_seconds,
-                attempts=tasks.c.attempts + 1, updated_at=t)
-        .returning(*tasks.c)
-    )).all()
-    claimed = []
-    for row in rows:
-        try:
-            claimed.append(task_from_row(row))
-        except CorruptRow as exc:
-            log.error("blocking task %s: %s", row.id, exc)
-            await conn.execute(update(tasks).where(tasks.c.id == row.id).values(
-                state=BLOCKED, error=str(exc), lease_owner=None, lease_expires=None,
-                updated_at=t))
-    claimed.sort(key=lambda task: task.id)
-    return claimed
+async def release(conn, owner: str, task_ids: list[str], run_after: float) -> int:
+    if not task_ids:
+        return 0
+    res = await conn.execute(update(tasks).where(
+        tasks.c.id.in_(task_ids), tasks.c.lease_owner == owner, tasks.c.state == RUNNING)
+        .values(state=PENDING, lease_owner=None, lease_expires=None, run_after=run_after,
+                updated_at=now()))
+    return res.rowcount
 
 
 async def renew(conn, owner: str, task_ids: list[str], lease_seconds: float) -> int:
@@ -66,18 +57,18 @@ async def running_owners(conn) -> list[str]:
 
 async def recover(conn, *, steal_all: bool, dead_owners: list[str],
                   registered_kinds: list[str]) -> dict[str, int]:
-    """On start: running tasks of dead workers go back to pending (all of them when this
-    process knows it is the only worker; else those of workers known dead, and expired
-    leases), and tasks blocked for a missing definition are retried if their kind is now
-    registered."""
+    """On start: running tasks of dead workers go back to pending, a death counted for each
+    (all of them when this process knows it is the only worker; else those of workers
+    known dead, and expired leases), and tasks blocked for a missing definition are retried
+    if their kind is now registered."""
     t = now()
     running = tasks.c.state == RUNNING
     if not steal_all:
         running = and_(running, or_(tasks.c.lease_expires < t,
                                     tasks.c.lease_owner.in_(dead_owners)))
     resumed = (await conn.execute(update(tasks).where(running).values(
-        state=PENDING, lease_owner=None, lease_expires=None, run_after=0.0, updated_at=t
-    ))).rowcount
+        state=PENDING, lease_owner=None, lease_expires=None, run_after=0.0, updated_at=t,
+        **_died(t)))).rowcount
     unblocked = 0
     if registered_kinds:
         unblocked = (await conn.execute(

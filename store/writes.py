@@ -75,9 +75,13 @@ class TaskUpdate:
     checkpoint: Any = None
     result: Any = None
     error: str | None = None
+    failure: str | None = None  # the error's kind (store.records.Task.failure)
     wait_mode: str | None = None
     run_after: float = 0.0
     attempts: int | None = None  # None leaves the count as it is
+    # The phase ended (or failed) in this process: the deaths counted against the task are
+    # forgotten. False for a checkpoint saved within a phase (a partial output).
+    progressed: bool = True
     inputs: Any = None  # None leaves them as they are
     wake_if_settled: list[str] = field(default_factory=list)  # pending: due now if any is
 

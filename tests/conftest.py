@@ -49,3 +49,16 @@ async def store(store_url):
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def slack(request):
+    """The fake Slack Web API and Socket Mode server (tests/fakes/slack_server.py), with the
+    people a test module lists in `SLACK_PEOPLE` (default: Alice)."""
+    from tests.fakes.slack_rig import ALICE
+    from tests.fakes.slack_server import FakeSlack
+
+    with FakeSlack() as fake:
+        for user, name in getattr(request.module, "SLACK_PEOPLE", ((ALICE, "Alice"),)):
+            fake.add_user(user, name)
+        yield fake

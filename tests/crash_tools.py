@@ -4,6 +4,7 @@ $STEWARD_TEST_LEDGER: the outside world's count of what really ran."""
 
 import asyncio
 import os
+import signal
 
 from bot.runtime import Policy
 from bot.runtime.killpoints import kill_point
@@ -30,3 +31,11 @@ async def unsafe_charge(ctx: ToolContext, amount: int) -> str:
     await asyncio.to_thread(_note, f"unsafe_charge {ctx.task_id}")
     kill_point("in-tool", "unsafe_charge")
     return f"charged {amount}"
+
+
+@tool(policy=Policy.SAFE)
+async def crash_now(ctx: ToolContext, what: str) -> str:
+    """A poison: kills the process each time it runs."""
+    await asyncio.to_thread(_note, f"crash_now {ctx.task_id}")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"

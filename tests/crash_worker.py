@@ -94,13 +94,15 @@ async def main() -> None:
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--drain", type=float, default=10.0)
     parser.add_argument("--forever", action="store_true")
+    parser.add_argument("--crash-window", type=float, default=120.0)
     args = parser.parse_args()
     Counted.ledger = args.ledger
     Counted.slow = args.slow
     store = await open_store(args.url)
     registry = Registry(SafeCount(), KeyedCount(), UnsafeCount(), UnsafeReconciled(), Fanout())
-    runner = Runner(store, registry, RunnerOptions(concurrency=args.concurrency,
-                                                   lease_seconds=5, poll_seconds=0.05))
+    runner = Runner(store, registry, RunnerOptions(
+        concurrency=args.concurrency, lease_seconds=5, poll_seconds=0.05,
+        crash_window_seconds=args.crash_window, crash_limit=5, suspect_crashes=2))
     await runner.recover(steal_all=True)
     loop = asyncio.get_running_loop()
     drained = asyncio.Event()

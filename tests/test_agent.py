@@ -9,8 +9,8 @@ import pytest
 from bot.agent.context import build_request, to_messages
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.errors import AuthError, RateLimited
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
@@ -199,6 +199,25 @@ async def test_a_long_rate_limit_is_told_with_how_long_to_wait(make_agent):
     await agent.run()
     text = (await agent.store.get_task(turn)).result["text"]
     assert "wait about 60 minutes" in text
+
+
+async def test_a_provider_error_reaches_the_person_short_and_without_its_text(make_agent,
+                                                                                caplog):
+    """What the provider said can echo a key's tail into a shared channel: the person gets
+    a short generic line, the log gets the detail with the secret taken out."""
+    refusal = AuthError("Incorrect API key provided: sk-proj-abc1********************xyz9. "
+                        "You can find your API key at https://platform.example/account",
+                        key_env="MY_KEY")
+    agent = make_agent(ScriptedModel([refusal]))
+    turn = await agent.say("hello")
+    with caplog.at_level("WARNING", logger="bot.agent.apology"):
+        await agent.run()
+    text = (await agent.store.get_task(turn)).result["text"]
+    assert text == ("Sorry, I could not get an answer from the model: the model provider "
+                    "refused my credentials (check the API key in the environment variable "
+                    "MY_KEY).")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Incorrect API key provided" in logged and "sk-proj" not in logged
 
 
 async def test_the_ledger_prices_each_call(make_agent):

@@ -14,7 +14,7 @@ from sqlalchemy import update
 
 from bot.agent.events import Event
 from bot.agent.inbox import submit_message
-from bot.chat import Renderer
+from bot.app.chat import Renderer
 from store import Writes, conversation_namespace, open_store
 from store.schema import tasks
 from tests.fakes.llm_server import FakeLLMServer, Reply, replies
@@ -150,14 +150,14 @@ async def test_chat_reads_lines_until_an_empty_one(home):
 
 
 async def test_context_prints_what_the_model_would_get(home):
-    await steward(home, "ask", "--session", "cli:ctx", "remember this")
+    await steward(home, "ask", "--session", "cli:ctx", "keep this in mind")
     code, out, err = await steward(home, "context", "cli:ctx", "--json")
     assert code == 0, err
     request = json.loads(out)
     assert [m["role"] for m in request["messages"]] == ["system", "user", "assistant"]
     assert {t["name"] for t in request["tools"]} >= {"todo", "current_time", "http_get"}
     code, out, _ = await steward(home, "context", "cli:ctx")
-    assert "--- user\nremember this" in out
+    assert "--- user\nkeep this in mind" in out
 
 
 async def test_schedules_listing(home):

@@ -11,8 +11,8 @@ import pytest
 from bot.agent.context import WITHDRAWS, build_request, entry_chars, request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, Usage
 from bot.memory.compaction import KIND, choose_cut, open_at, transcript_between

@@ -4,13 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import (
-    Config,
+from bot.app.config import (
     ConfigError,
     build_config,
     find_config_path,
     load_config,
     resolve_home,
+)
+from bot.app.config import (
+    StewardConfig as Config,
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.toml"

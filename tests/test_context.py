@@ -21,8 +21,8 @@ from bot.agent.context import (
 )
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, Usage
 from bot.runtime import Runner, RunnerOptions

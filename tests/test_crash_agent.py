@@ -50,6 +50,7 @@ base_url = "{base}"
 model = "fake-model"
 [agent]
 tool_modules = ["crash_tools"]
+approve_unsafe_custom_tools = false  # these tests are about crashes; approvals have theirs
 [runtime]
 concurrency = 1
 lease_seconds = 2.0

@@ -100,22 +100,58 @@ async def test_kill_and_resume(store_url, tmp_path, kind, point):
             assert task.result["n"] == 0
 
 
-async def test_poison_task_that_kills_the_process_is_dead_lettered(store_url, tmp_path):
-    """A task whose effect kills its process every time must not crash-loop forever."""
+async def test_a_run_of_restarts_never_dead_letters_a_task(store_url, tmp_path):
+    """Killed in more lives in a row than max_attempts (5), all within the crash window: a
+    death is not the effect's failure, so the task is still there for the next life."""
+    ledger = tmp_path / "ledger"
+    store = await open_store(store_url)
+    w = Writes()
+    task_id = w.spawn("safe", {"n": 0})
+    await store.commit(w)
+    await store.close()
+    codes = [await run_worker(store_url, ledger, kill_at="in-effect:safe") for _ in range(7)]
+    assert codes == [-signal.SIGKILL] * 7
+    assert await run_worker(store_url, ledger) == 0
+    store = await open_store(store_url)
+    task = await store.get_task(task_id)
+    await store.close()
+    assert (task.state, task.result, task.crashes) == (DONE, {"n": 0}, 0)
+    assert len(ledger_counts(ledger)[task_id]) == 8
+
+
+async def test_a_poison_task_is_quarantined_and_the_work_beside_it_is_done(store_url,
+                                                                           tmp_path):
+    """An effect that kills its process every time it runs ends, after 5 deaths spanning
+    the crash window, quarantined with its reason; the effects that died beside it at
+    first (in flight in the same process) are each done exactly once meanwhile."""
     ledger = tmp_path / "ledger"
     store = await open_store(store_url)
     w = Writes()
     poison = w.spawn("safe", {"n": 0})
+    innocent = [w.spawn("unsafe_rec", {"n": n}) for n in range(1, 4)]
     await store.commit(w)
     await store.close()
-    codes = [await run_worker(store_url, ledger, kill_at="in-effect:safe") for _ in range(6)]
-    assert codes == [-signal.SIGKILL] * 5 + [0]  # max_attempts is 5
+    window = 2.0
+    extra = ("--concurrency", "4", "--slow", "0.3", "--crash-window", str(window))
+    codes = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not codes or codes[-1] != 0:
+        assert len(codes) < 30, codes
+        codes.append(await run_worker(store_url, ledger, kill_at="in-effect:safe",
+                                      extra=extra))
+    assert loop.time() - started >= window
+    assert codes.count(-signal.SIGKILL) >= 5 and codes[-1] == 0
     store = await open_store(store_url)
     task = await store.get_task(poison)
+    others = [await store.get_task(i) for i in innocent]
     await store.close()
-    assert task.state == "failed"
-    assert "dead-lettered after 5 attempts" in task.error
-    assert len(ledger_counts(ledger)[poison]) == 5
+    assert task.state == "failed", task
+    assert task.error.startswith("quarantined: the process died ") and " times while " \
+        "running it, over " in task.error, task.error
+    assert len(ledger_counts(ledger)[poison]) == codes.count(-signal.SIGKILL)
+    assert [t.state for t in others] == [DONE] * 3
+    assert all(len(ledger_counts(ledger)[i]) == 1 for i in innocent)
 
 
 async def _start_forever(url, ledger, *extra):

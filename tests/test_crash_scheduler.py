@@ -16,7 +16,7 @@ import pytest
 
 from store import DONE, ScheduleWrite, Writes, new_id, open_store
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.slack_harness import ENV, free_port
+from tests.fakes.slack_rig import ENV, free_port
 from tests.fakes.slack_server import TEAM, FakeSlack
 
 ALICE = "U0ALICE"
@@ -29,13 +29,6 @@ def llm():
     reply = Reply(text=ANSWER, chunk_chars=3, delay=0.03)
     with FakeLLMServer(lambda request, wire: reply) as server:
         yield server
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 def make_home(tmp_path: Path, store_url: str, llm_url: str, slack_url: str) -> Path:

@@ -7,10 +7,16 @@ import asyncio
 import pytest
 from aioimaplib import aioimaplib
 
-from connectors.email import cursor as cursors
 from connectors.email.channel import SENDING
 from connectors.email.imap import _Client
-from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig, mail, rig_factory
+from tests.fakes.mail_rig import (  # noqa: F401 - rigs_fixture
+    ADDRESS,
+    ALLOWED,
+    Rig,
+    mail,
+    rigs_fixture,
+    stored_cursor,
+)
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     Dovecot,
     SmtpSink,
@@ -19,12 +25,6 @@ from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     sink_fixture,
 )
 from tests.fakes.mail_tls import client_context
-
-
-@pytest.fixture
-async def rigs(store, account, sink, tmp_path):
-    async with rig_factory(store, account, sink, tmp_path) as make:
-        yield make
 
 
 async def test_a_mail_gets_one_threaded_reply_and_stays_unread(rigs, account, sink):
@@ -91,7 +91,7 @@ async def test_mail_that_arrives_while_stopped_is_answered_on_start(rigs, accoun
     assert len(sink.messages) == 3
     assert sorted(r.message["In-Reply-To"] for r in replies) == [
         "<m1@example.com>", "<m2@example.com>", "<m3@example.com>"]
-    cursor = await cursors.load(rig2.store, ADDRESS, "INBOX")
+    cursor = await stored_cursor(rig2.store, ADDRESS)
     assert (cursor.uidvalidity, cursor.uid, cursor.backlog) == (
         await account.uidvalidity(), 3, ())
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.email.channel import SENDING
+from connectors.email.channel import QUEUED, SENDING
 from tests.fakes.llm_server import FakeLLMServer, Reply, replies
 from tests.fakes.mail_rig import ADDRESS, ALLOWED, mail
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
@@ -24,13 +24,15 @@ POINTS = [
     "email-fetched:email",  # fetched, not committed: taken again
     "after-result:llm_call",  # during the turn
     "smtp-connected:email",  # during the SMTP send, before DATA: nothing went out
+    "smtp-journaled:email",  # the Sent copy is there, DATA has not begun: not sent
+    "smtp-data:email",  # DATA's lines are sent, the final dot is not: not sent
     "smtp-sent:email",  # the send returned, the Sent copy is not final yet
     "sent-appended:email",  # the Sent copy is final, the delivery result is not stored
 ]
 
 
 # Every point on SQLite; on PostgreSQL the in-doubt send by default, all of them with -m slow.
-PG_DEFAULT = {"smtp-sent:email"}
+PG_DEFAULT = {"smtp-sent:email", "smtp-journaled:email", "smtp-data:email"}
 CASES = [pytest.param("sqlite", p, id=f"sqlite-{p}") for p in POINTS] + [
     pytest.param("postgres", p, id=f"postgres-{p}",
                  marks=() if p in PG_DEFAULT else pytest.mark.slow) for p in POINTS]
@@ -142,5 +144,51 @@ async def test_every_allowed_mail_is_answered_once_after_sigkill(
     sent = await account.messages("Sent")
     assert sorted(m["Message-ID"] for m in sent) == sorted(
         m.message["Message-ID"] for m in sink.messages)
-    assert not any(SENDING in flags for flags in (await account.flags("Sent")).values())
+    assert not any(flags & {SENDING, QUEUED} for flags in (await account.flags("Sent")).values())
     assert llm.count("/v1/chat/completions") == 3  # no answer was asked for twice either
+
+
+async def test_a_kill_between_storing_attachments_and_the_commit_loses_nothing(
+        tmp_path, account, sink, llm):
+    """The blob is written before the commit that refers to it: killed in between, the
+    next start takes the mail again, answers it once, and the blob is there, once (the
+    same content under the same hash), the entry naming it."""
+    import email.message
+
+    from store import open_store
+    from tests.test_attachments import pdf
+
+    store_url = f"sqlite+aiosqlite:///{tmp_path / 'steward.db'}"
+    home = make_home(tmp_path, store_url, llm.url, account, sink)
+    msg = email.message.EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = ALLOWED, ADDRESS, "The hotel bill"
+    msg["Message-ID"] = "<bill@example.com>"
+    msg.set_content("Please file this.")
+    msg.add_attachment(pdf("Hotel 240 EUR"), maintype="application", subtype="pdf",
+                       filename="bill.pdf")
+    await account.append(msg.as_bytes())
+
+    first = await start(home, account, kill_at="email-kept:email")
+    assert await ended(first, home) == -signal.SIGKILL, logs(home)
+    blobs = sorted(p for p in (home / "blobs").rglob("*") if p.is_file())
+    assert len(blobs) == 1  # kept, and nothing committed yet
+
+    second = await start(home, account, run=1)
+    try:
+        await sink.wait_for(1, seconds=45)
+        await asyncio.sleep(1.0)  # a second reply would arrive now
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert await ended(second, home) == 0, logs(home)
+    assert [m.message["In-Reply-To"] for m in sink.messages] == ["<bill@example.com>"]
+    assert sorted(p for p in (home / "blobs").rglob("*") if p.is_file()) == blobs
+    store = await open_store(store_url)
+    try:
+        [conversation] = await store.list_conversations()
+        users = [e for e in await store.entries_page(conversation.id, limit=50)
+                 if e.kind == "user"]
+    finally:
+        await store.close()
+    assert len(users) == 1 and "Hotel 240 EUR" in users[0].text
+    assert blobs[0].name in str(users[0].data)  # the entry names the blob by its hash
+

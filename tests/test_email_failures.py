@@ -5,18 +5,24 @@ fault: it is waited out, however long, and nothing is quarantined for it; nor is
 of any kind that lasts less than `message_quarantine_seconds`. And a NUL byte in a mail,
 which the store once refused on PostgreSQL."""
 
+import asyncio
 import json
+import os
+import signal
+import socket
+import sys
 from pathlib import Path
 
 import pytest
 from aioimaplib import aioimaplib
 
+from bot import port as port_module
+from bot.port import AgentPort
 from connectors.email import cursor as cursors
 from connectors.email import imap as imap_module
-from connectors.email import intake as intake_module
 from connectors.email.imap import ImapError, ImapSession
 from connectors.email.watcher import Watcher
-from tests.fakes.mail_rig import ADDRESS, mail, rig_factory
+from tests.fakes.mail_rig import ADDRESS, mail, rig_factory, stored_cursor
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -51,7 +57,7 @@ async def assert_quarantined(store, account, uid: int, *fragments: str) -> dict:
     assert row is not None and row["state"] == "quarantined", row
     for fragment in fragments:
         assert fragment in row["reason"], row["reason"]
-    cursor = await cursors.load(store, ADDRESS, "INBOX")
+    cursor = await stored_cursor(store, ADDRESS)
     assert cursor.uid >= uid and uid not in cursor.backlog
     return row
 
@@ -87,7 +93,7 @@ async def test_a_message_the_store_refuses_is_quarantined_and_passed(make_rig, a
     only, on every try."""
     first, bad, after = await three_mails(account)
     tries = []
-    real_submit = intake_module.submit_message
+    real_submit = port_module.submit_message
 
     async def submit_message(store, **kwargs):
         if "poison" in kwargs["text"]:
@@ -95,7 +101,7 @@ async def test_a_message_the_store_refuses_is_quarantined_and_passed(make_rig, a
             raise ValueError("the store refused this message's text")
         return await real_submit(store, **kwargs)
 
-    monkeypatch.setattr(intake_module, "submit_message", submit_message)
+    monkeypatch.setattr(port_module, "submit_message", submit_message)
     rig = await make_rig().start()
     replies = await sink.wait_for(2, seconds=30)
     await rig.settle()
@@ -118,14 +124,14 @@ async def test_an_outage_is_waited_out_not_blamed_on_the_message(make_rig, accou
     await account.append(mail(message_id="patient@example.com", subject="Patient"))
     outages = Watcher.message_attempts + 2
     state = {"failed": 0, "down_for": 0}
-    real_submit, real_load = intake_module.submit_message, cursors.load
+    real_submit, real_load = AgentPort.submit, cursors.load
 
-    async def submit_message(store, **kwargs):
+    async def submit(port, **kwargs):
         if state["failed"] < outages:
             state["failed"] += 1
             state["down_for"] = 2
             raise ConnectionResetError("the database connection was lost")
-        return await real_submit(store, **kwargs)
+        return await real_submit(port, **kwargs)
 
     async def load(*args):
         if state["down_for"]:
@@ -133,7 +139,7 @@ async def test_an_outage_is_waited_out_not_blamed_on_the_message(make_rig, accou
             raise ConnectionRefusedError("the database is down")
         return await real_load(*args)
 
-    monkeypatch.setattr(intake_module, "submit_message", submit_message)
+    monkeypatch.setattr(AgentPort, "submit", submit)
     monkeypatch.setattr(cursors, "load", load)
     rig = await make_rig().start(connected=False)
     [reply] = await sink.wait_for(1, seconds=30)
@@ -237,3 +243,45 @@ async def test_a_nul_byte_in_a_mail_is_answered(make_rig, sink, store):
     assert answer.kind == "assistant"
     await rig.settle()
     assert len(sink.messages) == 1
+
+
+async def test_steward_run_rides_out_imap_unreachable_at_start(tmp_path):
+    """A home server boots before its network is up: a real `steward run` whose IMAP server
+    refuses connections stays up, says email is connecting, and tries again with backoff
+    (one line a try); SIGTERM then exits 0, no traceback. (Connecting once the server is
+    back: `test_a_server_that_is_down_is_retried_until_it_is_back`.)"""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "config.toml"
+    config.write_text(f"""[email]
+enabled = true
+address = "{ADDRESS}"
+imap_host = "127.0.0.1"
+imap_port = {port}
+imap_security = "none"
+smtp_host = "127.0.0.1"
+smtp_port = {port}
+smtp_security = "none"
+allowed_senders = ["ann@example.com"]
+""")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("STEWARD_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(STEWARD_HOME=str(tmp_path / "home"), STEWARD_CONFIG=str(config),
+               STEWARD_IMAP_PASSWORD="secret")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=env, cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        banner = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        assert "connectors: email (connecting)" in banner, banner
+        await asyncio.sleep(4.0)  # tries at about 0, 1 and 3 s
+        assert proc.returncode is None
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    log = err.decode()
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log
+    assert log.count("reconnecting in") >= 2, log

@@ -6,9 +6,9 @@ import email
 import pytest
 
 from bot.channels import Outbound
-from bot.config import EmailConfig
 from connectors.email import headers
 from connectors.email.charsets import decode
+from connectors.email.config import EmailConfig
 from connectors.email.parse import Unparsable, html_to_text, parse_mail
 from connectors.email.policy import refusal
 from connectors.email.reply import build_reply

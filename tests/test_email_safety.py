@@ -10,7 +10,7 @@ import pytest
 
 from bot.channels import Outbound
 from bot.runtime import NotPerformed, Unavailable
-from connectors.email.channel import SENDING
+from connectors.email.channel import QUEUED, SENDING
 from connectors.email.reply import reply_message_id
 from tests.fakes.mail_rig import Rig, mail, rig_factory
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
@@ -62,7 +62,8 @@ async def test_authentication_results_can_be_required(store, account, sink, tmp_
         "Authentication-Results": "mx.example.com; spf=softfail; dkim=none"}))
     await account.append(mail(message_id="aligned@x", headers={
         "Authentication-Results": "mx.example.com; dkim=pass header.d=example.com"}))
-    rig = await Rig(store, account, sink, tmp_path, require_auth_results=True).start()
+    rig = await Rig(store, account, sink, tmp_path, require_auth_results=True,
+                    authserv_id="mx.example.com").start()
     try:
         await sink.wait_for(2)
         await rig.settle()
@@ -136,6 +137,24 @@ async def test_a_journal_copy_left_by_a_crash_counts_as_sent(make_rig, account, 
     assert found["in_doubt"] is True  # taken as sent, never repeated
     assert not any(SENDING in f for f in (await account.flags("Sent")).values())
     assert sink.messages == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
+async def test_a_journal_copy_queued_before_data_is_not_sent_and_is_replaced(
+        make_rig, account, sink):
+    """A crash after the Sent copy but before DATA began: nothing went out, so the reply is
+    sent now, and Sent ends with exactly one final copy."""
+    channel = make_rig().connector.channel
+    message = outbound("turn2b.answer")
+    mid = reply_message_id(message, "steward@example.com")
+    await account.append(mail(sender="steward@example.com", message_id=mid), "Sent",
+                         flags=f"\\Seen {QUEUED}")
+    assert await channel.find(message) is None
+    assert await account.messages("Sent") == []
+    await channel.send(message)
+    assert len(sink.messages) == 1
+    [flags] = (await account.flags("Sent")).values()
+    assert not flags & {QUEUED, SENDING}
 
 
 class Refusing:

@@ -5,7 +5,9 @@ PostgreSQL (the `store` / `store_url` fixtures)."""
 import asyncio
 import io
 import json
+import re
 import shutil
+import subprocess
 import sys
 import tracemalloc
 import zipfile
@@ -15,16 +17,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from bot.config import build_config
-from bot.importers import (
+from bot.app.config import build_config
+from bot.app.importers import (
     ImportFailed,
     Progress,
     guess_format,
     import_command,
     import_file,
 )
-from bot.importers import _writer as writer_module
-from bot.importers._jsonl import JsonlReader
+from bot.importers import writer as writer_module
+from bot.importers.jsonl import JsonlReader
 from store import NotFound, Writes, open_store
 
 SAMPLES = Path(__file__).parent / "import_samples"
@@ -412,22 +414,30 @@ async def test_format_is_guessed_from_the_extension_or_the_content(tmp_path):
 async def test_import_command(store_url, tmp_path, capsys):
     config = build_config({"store": {"url": store_url}}, home=tmp_path)
     args = SimpleNamespace(file=str(SAMPLES / "history.jsonl"), format=None, json=True)
-    assert await import_command(config, args) == 0
+    assert await import_command(config, args) == 1  # malformed lines: imported, yet exit 1
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert (result["format"], result["added"], result["malformed"]) == ("jsonl", 4, 6)
     assert result["problems"][0] == {"where": "line 6", "reason": result["problems"][0]["reason"]}
-    # stderr is not a terminal here: no bar, the problems and one summary line
+    # stderr is not a terminal here: no bar, the problems, the summary and why it failed
     lines = err.splitlines()
     assert lines[0].startswith("  line 6: not JSON")
-    assert lines[-1].startswith("imported 4 new entries from ")
-    assert "\r" not in err
+    assert lines[-2].startswith("imported 4 new entries from ")
+    assert lines[-1] == "steward: 6 malformed lines skipped; imported the rest (4 new)"
+    assert "\r" not in err and "\x1b" not in err
+    # the second time the same lines are malformed again: still 1, nothing new
+    assert await import_command(config, args) == 1
+    out, err = capsys.readouterr()
+    assert (json.loads(out)["added"], err.splitlines()[-1]) == (
+        0, "steward: 6 malformed lines skipped; imported the rest (0 new)")
 
     dry = SimpleNamespace(file=str(SAMPLES / "mail.mbox"), format="mbox", json=False,
                           dry_run=True)
-    assert await import_command(config, dry) == 0
+    assert await import_command(config, dry) == 1  # one of its messages is empty
     out, err = capsys.readouterr()
-    assert out == "" and err.splitlines()[-1].startswith("would import 6 new entries")
+    assert out == "" and err.splitlines()[-2].startswith("would import 6 new entries")
+    assert err.splitlines()[-1] == ("steward: 1 malformed message skipped; would import the "
+                                    "rest (6 new)")
     store = await open_store(store_url)
     try:
         with pytest.raises(NotFound):
@@ -443,25 +453,75 @@ async def test_import_command(store_url, tmp_path, capsys):
                                                      format="csv", json=False))
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def frames(output: str) -> list[str]:
+    """The lines a live display drew, each from the start of its line (`\\r`, erase)."""
+    return [ANSI.sub("", f) for f in output.split("\r\x1b[2K")[1:]]
+
+
 def test_progress_bar_redraws_at_most_ten_times_a_second():
     now = [0.0]
     out = io.StringIO()
-    bar = Progress("importing x", stream=out, interactive=True, clock=lambda: now[0])
+    bar = Progress("importing x", stream=out, interactive=True, clock=lambda: now[0],
+                   width=100)
     for t, n in ((0.0, 0), (0.05, 500), (0.09, 1000), (0.2, 1500), (0.25, 2000), (1.0, 4000)):
         now[0] = t
         bar.update(read=n, added=n, bad=0, position=n, total=8000)
-    draws = out.getvalue().split("\r\x1b[K")[1:]
-    assert len(draws) == 3
-    assert draws[-1] == ("importing x [############............]  50% 4,000 read, 4,000 new, "
-                         "0 bad, 4,000/s")
+    drawn = [f for f in frames(out.getvalue()) if " read, " in f]
+    assert len(drawn) == 3  # at 0.0, 0.2 and 1.0 s
+    last = drawn[-1].rstrip("\n")
+    assert last.startswith("importing x ") and " 50% " in last
+    assert last.endswith("4,000 read, 4,000 new, 0 bad, 4,000/s")
+    assert "\n" not in out.getvalue()  # redrawn in place, never a new line per update
     bar.finish("done", ["  line 3: bad"])
-    assert out.getvalue().endswith("\r\x1b[K  line 3: bad\ndone\n")
+    # the bar is taken off the screen (a transient display) and the cursor given back,
+    # then the details and the summary are written below where it was
+    assert out.getvalue().endswith("\x1b[?25h\r\x1b[1A\x1b[2K  line 3: bad\ndone\n")
 
     silent = io.StringIO()
     bar = Progress("x", stream=silent, interactive=False)
     bar.update(read=1, added=1, bad=0, position=1, total=2)
     bar.finish("summary")
     assert silent.getvalue() == "summary\n"
+
+
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_progress_bar_fits_the_terminal(width):
+    now = [0.0]
+    out = io.StringIO()
+    bar = Progress("importing a-very-long-file-name-from-the-old-server-2019.jsonl (jsonl)",
+                   stream=out, interactive=True, clock=lambda: now[0], width=width)
+    for n in range(1, 6):
+        now[0] = n
+        bar.update(read=n * 100_000, added=n * 99_999, bad=n * 1000, position=n,
+                   total=5 if n > 2 else None)  # the size known or not
+    bar.close()
+    drawn = [f.rstrip("\r\n") for f in frames(out.getvalue())]
+    assert len([f for f in drawn if "read" in f]) == 6  # each update, and once at the end
+    assert max(len(f) for f in drawn) <= width
+    assert out.getvalue().count("\n") == 1  # the one the display takes back when it stops
+    if width >= 80:  # wide enough: the counts are there in full, and a bar
+        assert drawn[-1].endswith(" 100% 500,000 read, 499,995 new, 5,000 bad, 100,000/s")
+        assert "━━━" in drawn[-1]
+
+
+def test_rich_is_imported_only_when_a_bar_is_shown():
+    code = ("import io, sys\n"
+            "import bot.app.cli\n"
+            "from bot.app.importers import Progress\n"
+            "quiet = Progress('x', stream=io.StringIO())\n"
+            "quiet.update(read=1, added=1, bad=0, position=1, total=2)\n"
+            "quiet.finish('done')\n"
+            "assert 'rich' not in sys.modules, 'rich loaded without a bar'\n"
+            "shown = Progress('x', stream=io.StringIO(), interactive=True, width=80)\n"
+            "shown.update(read=1, added=1, bad=0, position=1, total=2)\n"
+            "shown.finish('done')\n"
+            "assert 'rich' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 # -- streaming -----------------------------------------------------------------------
@@ -491,7 +551,7 @@ async def test_the_conversation_cache_stays_bounded(store, tmp_path, monkeypatch
 
 MEASURE_RSS = """
 import asyncio, json, sys
-from bot.importers import Progress, import_file
+from bot.app.importers import Progress, import_file
 from store import open_store
 
 def status_kb(field):  # VmHWM is this process's own peak (ru_maxrss would count the

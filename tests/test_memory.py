@@ -11,8 +11,8 @@ from sqlalchemy import text
 from bot.agent.context import build_request, entry_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.errors import ServerError
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel

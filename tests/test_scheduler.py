@@ -8,14 +8,17 @@ import httpx
 import pytest
 
 from bot.agent.deps import AgentDeps
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, ToolCall
 from bot.runtime import Runner, RunnerOptions
 from bot.scheduler.loop import Scheduler
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, ToolContext
+from bot.tools.permissions import Recipients
+from connectors.email.channel import EmailChannel
+from connectors.slack.outbound import SlackChannel
 from connectors.terminal import TerminalChannel
 from store import DONE, ScheduleWrite, Writes, new_id
 
@@ -139,6 +142,10 @@ async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, 
     assert delivery.state == DONE and delivery.inputs["channel"] == "cli"
 
 
+# How the Slack and email channels address someone new (their static methods, no server).
+ADDRESSING = {"slack": SlackChannel, "email": EmailChannel}
+
+
 async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     conv = await store.ensure_conversation("cli:tool")
 
@@ -146,8 +153,9 @@ async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
 
     async def call(**arguments):
         ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
-                          http=deps.http, timezone=TZ,
-                          origin=origin)
+                          http=deps.http, timezone=TZ, origin=origin,
+                          recipients=Recipients.of(["ana@example.org"], ["slack", "email"]),
+                          channels=ADDRESSING)
         result = await schedule_tool.run(ctx, arguments)
         await store.commit(ctx.writes)
         return result.content

@@ -10,6 +10,7 @@ import pytest
 from bot.scheduler.loop import Scheduler
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolContext
+from bot.tools.permissions import Recipients
 from connectors.email.channel import SENDING
 from store import new_id
 from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig
@@ -31,7 +32,9 @@ async def test_a_schedule_delivered_by_email_sends_one_new_thread(rig, store, ac
     await rig.start()
     asking = await store.ensure_conversation("cli:planner")
     ctx = ToolContext(store=store, task_id=new_id(), conversation_id=asking.id,
-                      http=rig.http, timezone="UTC", origin={"channel": "cli"})
+                      http=rig.http, timezone="UTC", origin={"channel": "cli"},
+                      recipients=Recipients.of([ALLOWED], ["email"]),
+                      channels=rig.deps.channels)  # as a tool call gets them
     due = (datetime.now(UTC) + timedelta(days=1)).replace(hour=9, minute=0, second=0,
                                                           microsecond=0)
     made = await schedule_tool.run(ctx, {

@@ -20,19 +20,12 @@ from bot.scheduler.loop import Scheduler
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools.builtin import current_time
 from tests.fakes.slack_events import mention_of, mentions, says
-from tests.fakes.slack_harness import SlackRig, last_user_text
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig, last_user_text
+from tests.fakes.slack_server import TEAM
 
 ALICE = "U0ALICE"
 CHAN = "C0GENERAL"
 REMINDER = "Time to water the plants!"
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 def reminding_model() -> ScriptedModel:

@@ -1,23 +1,17 @@
 """Which Slack messages make which conversations: DMs, threads, mentions, followed threads,
 history read on entering a thread, and who may talk to Steward."""
 
-import pytest
 
 from tests.fakes.slack_events import mention_of, mentions, says
-from tests.fakes.slack_harness import SlackRig, echo_model
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig, echo_model
+from tests.fakes.slack_server import TEAM
 
 DM = "D0ALICE"
 CHAN = "C0GENERAL"
 ALICE, BOB, MALLORY = "U0ALICE", "U0BOB", "U0MALLORY"
 
 
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        for user, name in ((ALICE, "Alice"), (BOB, "Bob"), (MALLORY, "Mallory")):
-            fake.add_user(user, name)
-        yield fake
+SLACK_PEOPLE = ((ALICE, "Alice"), (BOB, "Bob"), (MALLORY, "Mallory"))  # `slack`'s
 
 
 async def texts(store, key: str) -> list[tuple[str, str]]:
@@ -129,3 +123,49 @@ async def test_other_bots_only_with_answer_bots(store, tmp_path, slack):
         await rig.send(stranger)
         await rig.settle()
     assert [m["text"] for m in slack.bot_messages(DM)] == ["echo: a report from the helper bot"]
+
+
+async def test_a_thread_reply_that_arrives_before_the_mention_is_answered(store, tmp_path,
+                                                                         slack):
+    """Slack does not promise order across retries: the reply in the thread a mention
+    started can be delivered (and acked) before the mention itself. Both are answered, in
+    the thread, the mention first."""
+    async with SlackRig(store, tmp_path, slack, allowed_users=[ALICE, BOB]) as rig:
+        top, body = says(slack, CHAN, ALICE, mentions("what is up?"))
+        mention = mention_of(top, CHAN)  # as posted: no thread yet
+        _, reply = says(slack, CHAN, BOB, "and for me?", thread_ts=top["ts"])
+        await rig.send(reply)
+        await rig.settle()
+        await rig.send(mention)
+        await rig.send(body)
+        await rig.settle()
+        # The catch-up submits the reply right behind the mention: one turn may answer
+        # both (it then echoes the last), or each gets its own; the last answer is the
+        # reply's either way, and every answer is in the thread.
+        answers = [(m["text"], m["thread_ts"]) for m in slack.bot_messages(CHAN)]
+        assert answers in ([("echo: and for me?", top["ts"])],
+                           [("echo: what is up?", top["ts"]), ("echo: and for me?", top["ts"])])
+        await rig.send(reply, retry_num=1)  # a late retry of the reply changes nothing
+        await rig.settle()
+    assert [(m["text"], m["thread_ts"]) for m in slack.bot_messages(CHAN)] == answers
+    key = f"slack:{TEAM}:{CHAN}:{top['ts']}"
+    said = [t for k, t in await texts(store, key) if k == "user"]
+    assert said == ["what is up?", "and for me?"]
+
+
+async def test_a_dm_message_is_answered_when_a_reply_under_it_is_processed_first(
+        store, tmp_path, slack):
+    """The thread's history records the DM message it hangs under as context; that must
+    not pass for the DM message's own event having been handled."""
+    async with SlackRig(store, tmp_path, slack) as rig:
+        first, body = says(slack, DM, ALICE, "top level")
+        _, threaded = says(slack, DM, ALICE, "in a thread", thread_ts=first["ts"])
+        await rig.send(threaded)
+        await rig.settle()
+        await rig.send(body)
+        await rig.settle()
+    answers = slack.bot_messages(DM)
+    assert sorted((m["text"], m.get("thread_ts") or "") for m in answers) == [
+        ("echo: in a thread", first["ts"]), ("echo: top level", "")]
+    assert [t for k, t in await texts(store, f"slack:{TEAM}:{DM}") if k == "user"] == [
+        "top level"]

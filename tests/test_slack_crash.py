@@ -16,8 +16,8 @@ import pytest
 
 from store import open_store
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.slack_events import deliver, says
-from tests.fakes.slack_harness import ENV, free_port
+from tests.fakes.slack_events import deliver, mention_of, mentions, says
+from tests.fakes.slack_rig import ENV, free_port
 from tests.fakes.slack_server import TEAM, FakeSlack
 
 ALICE = "U0ALICE"
@@ -41,13 +41,6 @@ def llm():
     reply = Reply(text=ANSWER, chunk_chars=4, delay=0.02)
     with FakeLLMServer(lambda _request, _wire: reply) as server:
         yield server
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 def make_home(home: Path, store_url: str, llm_url: str, slack_url: str, port: int) -> Path:
@@ -75,18 +68,22 @@ drain_seconds = 5.0
     return home
 
 
-def environment(home: Path, kill_at: str | None) -> dict[str, str]:
+def environment(home: Path, kill_at: str | None,
+                extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("STEWARD_", "OPENAI_", "ANTHROPIC_", "SLACK_"))}
-    env.update(ENV, STEWARD_HOME=str(home), STEWARD_CONFIG=str(home / "config.toml"))
+    env.update(ENV, STEWARD_HOME=str(home), STEWARD_CONFIG=str(home / "config.toml"),
+               **(extra or {}))
     if kill_at:
         env["STEWARD_KILL_AT"] = kill_at
     return env
 
 
-async def start(home: Path, port: int, kill_at: str | None = None):
+async def start(home: Path, port: int, kill_at: str | None = None,
+                extra_env: dict[str, str] | None = None):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", env=environment(home, kill_at), cwd=home,
+        sys.executable, "-m", "bot", "run", env=environment(home, kill_at, extra_env),
+        cwd=home,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -155,3 +152,42 @@ async def scenario(point: str, home: Path, url: str, llm, slack: FakeSlack):
 async def test_a_killed_steward_shows_exactly_one_complete_answer(store_url, tmp_path, llm,
                                                                    slack, point):
     await scenario(point, tmp_path / "home", store_url, llm, slack)
+
+
+async def test_a_reply_delivered_before_its_mention_is_answered_across_a_kill(
+        store_url, tmp_path, llm, slack):
+    """The reply in a mention's thread is acked first (and passed over: the thread is not
+    followed yet); the mention's commit is followed by a SIGKILL before the thread is read.
+    The journal's replay of the mention reads it: both are answered, once each."""
+    chan, port, home = "C0CHAOS", free_port(), tmp_path / "home"
+    make_home(home, store_url, llm.url, slack.url, port)
+    first = await start(home, port, kill_at="slack-submitted")
+    top, _ = says(slack, chan, ALICE, mentions("what is my plan?"))
+    mention = mention_of(top, chan)
+    _, reply = says(slack, chan, ALICE, "and for the weekend?", thread_ts=top["ts"])
+    url = f"http://127.0.0.1:{port}/slack/events"
+    async with httpx.AsyncClient(timeout=20) as http:
+        assert (await deliver(http, url, reply))[0] == 200
+        await asyncio.sleep(0.5)  # taken and passed over before the mention arrives
+        assert (await deliver(http, url, mention))[0] == 200
+    assert await asyncio.wait_for(first.wait(), 60) == -signal.SIGKILL
+
+    second = await start(home, port)
+    try:
+        await until(lambda: len(slack.bot_messages(chan)) == 2
+                    and all(m["text"] == ANSWER for m in slack.bot_messages(chan)), 60,
+                    f"two answers; the channel shows {slack.bot_messages(chan)}")
+        await asyncio.sleep(0.5)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(second.wait(), 30) == 0
+    answers = slack.bot_messages(chan)
+    assert [m.get("thread_ts") for m in answers] == [top["ts"], top["ts"]]
+    store = await open_store(store_url)
+    try:
+        conv = await store.get_conversation(f"slack:{TEAM}:{chan}:{top['ts']}")
+        said = [e.text for e in await store.entries_page(conv.id, limit=100)
+                if e.kind == "user"]
+        assert said == ["what is my plan?", "and for the weekend?"]
+    finally:
+        await store.close()

@@ -6,15 +6,13 @@ once. A turn already working keeps today's behaviour (it runs, its answer is not
 import asyncio
 import time
 
-import pytest
-
 from bot.agent.context import build_request
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
 from store import DONE, PENDING, RUNNING, WAITING, TaskUpdate, Writes
 from tests.fakes.slack_events import deleted, edited, mentions, says, tombstoned
-from tests.fakes.slack_harness import SlackRig
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig
+from tests.fakes.slack_server import TEAM
 
 DM = "D0ALICE"
 CHAN = "C0GENERAL"
@@ -24,12 +22,7 @@ SECRET = "my password is hunter2"
 WITHDRAWN = {"withdrawn": True, "reason": "the message was deleted"}
 
 
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        fake.add_user(BOB, "Bob")
-        yield fake
+SLACK_PEOPLE = ((ALICE, "Alice"), (BOB, "Bob"))  # the `slack` fixture's workspace
 
 
 def echo(request: Request) -> Response:

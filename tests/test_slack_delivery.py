@@ -3,27 +3,18 @@
 
 import json
 
-import pytest
-
 from bot.channels import Outbound
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response
 from connectors.slack.journal import Journal
 from connectors.slack.messages import META_TYPE
 from tests.fakes.slack_events import says
-from tests.fakes.slack_harness import SlackRig, echo_model
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig, echo_model
+from tests.fakes.slack_server import TEAM
 
 DM = "D0ALICE"
 ALICE = "U0ALICE"
 KEY = f"slack:{TEAM}:{DM}"
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 def keys(messages):

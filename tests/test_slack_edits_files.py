@@ -2,24 +2,15 @@
 
 import asyncio
 
-import pytest
-
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response
 from tests.fakes.slack_events import deleted, edited, says
-from tests.fakes.slack_harness import SlackRig, last_user_text
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig, last_user_text
+from tests.fakes.slack_server import TEAM
 
 DM = "D0ALICE"
 ALICE = "U0ALICE"
 KEY = f"slack:{TEAM}:{DM}"
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 def gated_model(gate: asyncio.Event) -> ScriptedModel:
@@ -105,18 +96,25 @@ async def test_text_files_are_read_and_others_listed(store, tmp_path, slack):
         notes = slack.add_file("notes.txt", b"milk\neggs\n")
         photo = slack.add_file("cat.png", b"\x89PNG\x00\x01", mimetype="image/png",
                                filetype="png")
+        tool = slack.add_file("tool.bin", b"\x7fELF\x00", mimetype="application/octet-stream",
+                              filetype="binary")
         big = slack.add_file("big.log", b"x" * 5000)
-        _, body = says(slack, DM, ALICE, "see attached", files=[notes, photo, big])
+        _, body = says(slack, DM, ALICE, "see attached", files=[notes, photo, tool, big])
         await rig.send(body)
         await rig.settle()
     (kind, text), _ = await entries(store)
+    # (a real image is shown to the model: tests/test_attachments_slack.py)
     assert text == ("see attached\n\n"
                     "[attached file: notes.txt (text/plain, 10 bytes)]\nmilk\neggs\n\n"
                     "[end of notes.txt]\n\n"
-                    "[attached file: cat.png (image/png, 6 bytes)] (not a text file; not read)"
+                    "[attached file: cat.png (image/png, 6 bytes)] "
+                    "(not read: its content is not an image Steward can read)\n\n"
+                    "[attached file: tool.bin (application/octet-stream, 5 bytes)] "
+                    "(not a text file; not read)"
                     "\n\n[attached file: big.log (text/plain, 5000 bytes)] "
                     "(larger than the 1000-byte limit; not read)")
-    assert slack.count("files.download") == 1  # only the text file within the limit
+    # the text file and the image within the limit; never the unknown binary
+    assert slack.count("files.download") == 2
 
 
 async def test_a_file_whose_size_lies_is_cut_off_at_the_limit(store, tmp_path, slack):

@@ -12,7 +12,7 @@ import pytest
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response
 from tests.fakes.slack_events import deliver, says
-from tests.fakes.slack_harness import SlackRig, last_user_text
+from tests.fakes.slack_rig import SlackRig, last_user_text
 from tests.fakes.slack_server import TEAM, FakeSlack
 
 CONVERSATIONS = 20

@@ -58,3 +58,32 @@ def test_split_of_a_prefix_cuts_where_the_whole_will():
     whole = "\n".join(f"line number {i} of the answer" for i in range(400))
     prefix = whole[:5000]
     assert split(prefix)[0] == split(whole)[0]
+
+
+ZWSP = "\u200b"
+
+
+@pytest.mark.parametrize("markdown, shown", [
+    ("<!channel> lunch is here", f"@{ZWSP}channel lunch is here"),
+    ("<!here|here> and <!everyone>", f"@{ZWSP}here and @{ZWSP}everyone"),
+    ("ask <!subteam^S0OPS|@ops> now", f"ask @{ZWSP}ops now"),
+    ("ask <!subteam^S0OPS>", f"ask @{ZWSP}group"),
+    ("`<!channel>` in code", f"`@{ZWSP}channel` in code"),
+    ("```\n<!here>\n```", f"```\n@{ZWSP}here\n```"),
+    ("plain @channel and @here", f"plain @{ZWSP}channel and @{ZWSP}here"),
+    ("mail me@here.com, @heretic", "mail me@here.com, @heretic"),
+    ("hi <@U123> on <!date^1700000000^{date}|today>",
+     "hi <@U123> on <!date^1700000000^{date}|today>"),
+])
+def test_broadcast_mentions_are_shown_as_words_that_ping_nobody(markdown, shown):
+    assert render(markdown) == [shown]
+    assert "<!" not in "".join(render(markdown)).replace("<!date", "")
+
+
+def test_broadcast_mentions_stay_when_allowed():
+    assert render("<!channel> hi & bye", allow_broadcast=True) == ["<!channel> hi &amp; bye"]
+    assert render("<!channel> hi & bye") == [f"@{ZWSP}channel hi &amp; bye"]
+
+
+def test_text_is_escaped_once():
+    assert to_mrkdwn("Tom & Jerry <3") == "Tom &amp; Jerry &lt;3"

@@ -6,6 +6,8 @@ delivery's look into Slack (`find`) is `Unavailable` while Slack cannot be reach
 half-streamed answer is finished in its own message once Slack is back, no " …" left."""
 
 import asyncio
+import signal
+import sys
 import time
 
 import pytest
@@ -19,7 +21,7 @@ from connectors.slack import web as slack_web
 from connectors.slack.streaming import TYPING
 from store import Store, Task
 from tests.fakes.slack_events import says
-from tests.fakes.slack_harness import SlackRig
+from tests.fakes.slack_rig import SlackRig
 from tests.fakes.slack_server import DROP, TEAM, FakeSlack
 
 DM = "D0ALICE"
@@ -29,13 +31,6 @@ ANSWER = " ".join(f"word{i}" for i in range(40))
 OPTIONS = RunnerOptions(concurrency=8, lease_seconds=5, max_attempts=2, outage_attempts=40,
                         retry_base_seconds=0.05, retry_max_seconds=0.1, poll_seconds=0.05)
 FOREVER = 10**6  # failures: until healed
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 @pytest.fixture(autouse=True)
@@ -202,3 +197,51 @@ async def test_send_and_find_tell_the_runtime_what_they_know(store, tmp_path, sl
         await channel.send(message)
         assert (await channel.find(message))["ts"] == slack.bot_messages(DM)[0]["ts"]
     assert [m["text"] for m in slack.bot_messages(DM)] == ["hello"]
+
+
+async def test_steward_run_rides_out_slack_unreachable_at_start(store_url, tmp_path, slack):
+    """A home server boots before its network is up: a real `steward run` started while
+    Slack refuses connections stays up, says Slack is connecting, keeps asking (one line a
+    try), connects once Slack is back and answers; SIGTERM then exits 0, no traceback."""
+    import httpx
+
+    from tests.fakes.llm_server import FakeLLMServer, Reply
+    from tests.fakes.slack_events import deliver
+    from tests.fakes.slack_rig import free_port
+    from tests.test_slack_crash import environment, make_home
+
+    with FakeLLMServer(lambda _r, _w: Reply(text="Here now.")) as llm:
+        home, port = tmp_path / "home", free_port()
+        make_home(home, store_url, llm.url, slack.url, port)
+        slack.down()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "run", env=environment(home, None), cwd=home,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            banner = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            assert "connectors: slack (connecting)" in banner, banner
+            await asyncio.sleep(4.0)  # tries at 1 and 3 s: still down
+            assert proc.returncode is None
+            slack.up()
+            url = f"http://127.0.0.1:{port}/slack/events"
+            async with httpx.AsyncClient(timeout=5) as http:
+                deadline = time.monotonic() + 30
+                while True:  # the Events API opens once Slack said who Steward is
+                    try:
+                        _, body = says(slack, DM, ALICE, "are you there?")
+                        if (await deliver(http, url, body))[0] == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert time.monotonic() < deadline, "never connected"
+                    await asyncio.sleep(0.5)
+            while [m["text"] for m in slack.bot_messages(DM)] != ["Here now."]:
+                assert time.monotonic() < deadline + 30, slack.bot_messages(DM)
+                await asyncio.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+        log = err.decode()
+        assert proc.returncode == 0, log[-3000:]
+        assert "Traceback" not in log and "Unclosed client session" not in log, log[-3000:]
+        assert "connecting in the background" in log and "slack: connected" in log, log[-3000:]

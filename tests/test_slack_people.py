@@ -8,7 +8,7 @@ import pytest
 from connectors.slack import history
 from connectors.slack import web as slack_web
 from tests.fakes.slack_events import says
-from tests.fakes.slack_harness import SlackRig
+from tests.fakes.slack_rig import SlackRig
 from tests.fakes.slack_server import DROP, TEAM, FakeSlack
 
 DM = "D0ALICE"

@@ -4,15 +4,14 @@ shared, so every thread in it has the scope `channel:<id>` whoever asked there. 
 facts and `search_history` follow the scope: what was said in a DM never reaches a
 channel, and what was said in a channel reaches every thread of it."""
 
-import pytest
 
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response, ToolCall
 from bot.memory.facts import FACT_TOOLS, facts_for
 from bot.memory.search import search_history
 from tests.fakes.slack_events import mention_of, mentions, says
-from tests.fakes.slack_harness import SlackRig, last_user_text
-from tests.fakes.slack_server import TEAM, FakeSlack
+from tests.fakes.slack_rig import SlackRig, last_user_text
+from tests.fakes.slack_server import TEAM
 
 DM = "D0ALICE"
 CHAN = "C0GENERAL"
@@ -20,12 +19,7 @@ GROUP = "G0TRIO"  # a group DM (mpim): its id does not say so, its events do
 ALICE, BOB, MALLORY = "U0ALICE", "U0BOB", "U0MALLORY"
 
 
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        for user, name in ((ALICE, "Alice"), (BOB, "Bob"), (MALLORY, "Mallory")):
-            fake.add_user(user, name)
-        yield fake
+SLACK_PEOPLE = ((ALICE, "Alice"), (BOB, "Bob"), (MALLORY, "Mallory"))  # `slack`'s
 
 
 def memory_model() -> ScriptedModel:

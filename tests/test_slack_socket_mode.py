@@ -8,18 +8,10 @@ import time
 import pytest
 
 from tests.fakes.slack_events import says
-from tests.fakes.slack_harness import SlackRig
-from tests.fakes.slack_server import FakeSlack
+from tests.fakes.slack_rig import SlackRig
 
 DM = "D0ALICE"
 ALICE = "U0ALICE"
-
-
-@pytest.fixture
-def slack():
-    with FakeSlack() as fake:
-        fake.add_user(ALICE, "Alice")
-        yield fake
 
 
 async def wait_for(check, within: float = 10.0):

@@ -32,6 +32,7 @@ from bot.tools import (
 )
 from bot.tools.base import MAX_RESULT_CHARS
 from bot.tools.builtin import current_time, html_to_text, http_get, todo
+from bot.tools.netguard import NetGuard
 from store import DONE, RUNNING, NotFound, Writes, conversation_namespace
 from store.documents import DocumentConflict
 from tests.fakes.agent_rig import RIG_OPTIONS, rig_factory
@@ -463,20 +464,28 @@ def body_of(content: str) -> str:
     return content.split("\n\n", 1)[1]
 
 
+def web_ctx(http) -> ToolContext:
+    """The test server is on loopback, which http_get refuses unless the owner allowed it
+    ([agent] http_allow = ["127.0.0.1"])."""
+    ctx = make_ctx(http=http)
+    ctx.netguard = NetGuard(["127.0.0.1"])
+    return ctx
+
+
 async def test_http_get_plain_text(web, http):
     _, base = web
-    result = await http_get.run(make_ctx(http=http), {"url": f"{base}/text"})
+    result = await http_get.run(web_ctx(http), {"url": f"{base}/text"})
     assert not result.is_error, result.content
     assert result.content.splitlines()[:3] == [
         "status: 200 OK", f"url: {base}/text", "content-type: text/plain; charset=utf-8"]
     assert body_of(result.content) == "héllo wörld"
-    latin = await http_get.run(make_ctx(http=http), {"url": f"{base}/latin1"})
+    latin = await http_get.run(web_ctx(http), {"url": f"{base}/latin1"})
     assert body_of(latin.content) == "Grüße"
 
 
 async def test_http_get_strips_html(web, http):
     _, base = web
-    result = await http_get.run(make_ctx(http=http), {"url": f"{base}/html"})
+    result = await http_get.run(web_ctx(http), {"url": f"{base}/html"})
     text = body_of(result.content)
     assert text == "The Title\nHello\nsome bold text & more\none\ntwo"
     assert html_to_text("<p>a<script>x</script>b</p>") == "ab"
@@ -484,19 +493,19 @@ async def test_http_get_strips_html(web, http):
 
 async def test_http_get_follows_redirects(web, http):
     _, base = web
-    result = await http_get.run(make_ctx(http=http), {"url": f"{base}/redirect"})
+    result = await http_get.run(web_ctx(http), {"url": f"{base}/redirect"})
     assert f"url: {base}/text" in result.content
     assert body_of(result.content) == "héllo wörld"
 
-    loop = await http_get.run(make_ctx(http=http), {"url": f"{base}/loop"})
+    loop = await http_get.run(web_ctx(http), {"url": f"{base}/loop"})
     assert loop.is_error and "more than 5 redirects" in loop.content
-    to_file = await http_get.run(make_ctx(http=http), {"url": f"{base}/to-file"})
+    to_file = await http_get.run(web_ctx(http), {"url": f"{base}/to-file"})
     assert to_file.is_error and "only http and https" in to_file.content
 
 
 async def test_http_get_reports_status(web, http):
     _, base = web
-    result = await http_get.run(make_ctx(http=http), {"url": f"{base}/missing"})
+    result = await http_get.run(web_ctx(http), {"url": f"{base}/missing"})
     assert not result.is_error  # the fetch worked; the page is a 404
     assert result.content.startswith("status: 404 Not Found")
 
@@ -504,7 +513,7 @@ async def test_http_get_reports_status(web, http):
 async def test_http_get_stops_reading_at_max_bytes(web, http):
     server, base = web
     started = time.monotonic()
-    result = await http_get.run(make_ctx(http=http), {"url": f"{base}/big", "max_bytes": 1000})
+    result = await http_get.run(web_ctx(http), {"url": f"{base}/big", "max_bytes": 1000})
     elapsed = time.monotonic() - started
     assert not result.is_error, result.content
     body, note = body_of(result.content).split("\n\n")

@@ -1,10 +1,20 @@
 """Delivering an answer to its channel. The key was reserved when the answer was stored;
 after a crash mid-send the channel is asked whether it already has the message (Slack
-history, the Sent folder) before anything is sent again."""
+history, the Sent folder) before anything is sent again.
+
+An answer whose question was taken back (deleted) before it was shown is not shown, on any
+channel: the delivery is recorded as skipped, and a channel that streamed part of it takes
+that back (`retract`). The connector says where it records such a deletion
+(`withdrawal_ref`), as history of the conversation (bot.agent.inbox.withdraw_message)."""
+
+from typing import Any
 
 from bot.agent.deps import AgentDeps
 from bot.channels import Outbound
 from bot.runtime import Effect, NotPerformed, Policy, TaskContext
+
+SKIPPED = "the question was deleted"
+COVERS_TAIL = 60  # transcript entries read to find the messages an answer covered
 
 
 class Deliver(Effect):
@@ -19,10 +29,38 @@ class Deliver(Effect):
         channel = self.deps.channels.get(name)
         if channel is None:
             raise NotPerformed(f"channel {name!r} is not enabled in this process")
-        conversation = await self.deps.store.get_conversation_by_id(ctx.task.conversation_id)
+        store = self.deps.store
+        conversation = await store.get_conversation_by_id(ctx.task.conversation_id)
+        reply_to = ctx.inputs.get("reply_to", {})
+        ref_of = getattr(channel, "withdrawal_ref", None)
+        ref = ref_of(reply_to) if ref_of is not None else None
+        withdrawn = ref is not None and \
+            await store.submission_state(f"{name}:history", ref) is not None
+        covers: tuple[dict[str, Any], ...] = ()
+        if getattr(channel, "shows_progress", False) and ctx.idem_key.endswith(".answer"):
+            covers = await self._covered(conversation.id, ctx.idem_key.removesuffix(".answer"))
         return channel, Outbound(key=ctx.idem_key, conversation_key=conversation.key,
                                  conversation_id=conversation.id, text=ctx.inputs["text"],
-                                 reply_to=ctx.inputs.get("reply_to", {}))
+                                 reply_to=reply_to, approval=ctx.inputs.get("approval"),
+                                 withdrawn=withdrawn, covers=covers)
+
+    async def _covered(self, conversation_id: int, turn: str) -> tuple[dict[str, Any], ...]:
+        """The data of the user messages the turn's answer covered: those after the answer
+        before it, up to the position its final entry says it answered."""
+        page = await self.deps.store.entries_page(conversation_id, limit=COVERS_TAIL)
+        upto = lower = None
+        for e in reversed(page):
+            final = e.kind == "assistant" and (e.data or {}).get("final")
+            if final and upto is None and e.task_id == turn:
+                upto = (e.data or {}).get("answers_upto")
+            elif final and upto is not None:
+                lower = (e.data or {}).get("answers_upto")
+                break
+        if upto is None:
+            return ()
+        floor = lower or 0
+        return tuple(e.data or {} for e in page if e.kind == "user" and floor < e.seq <= upto
+                     and not (e.data or {}).get("history"))
 
     def can_reconcile(self, ctx: TaskContext) -> bool:
         return True
@@ -34,4 +72,8 @@ class Deliver(Effect):
 
     async def perform(self, ctx: TaskContext):
         channel, message = await self._target(ctx)
+        if message.withdrawn:
+            retract = getattr(channel, "retract", None)
+            taken_back = await retract(message) if retract is not None else {}
+            return {"skipped": SKIPPED, **(taken_back or {})}
         return await channel.send(message)

@@ -8,7 +8,7 @@ import httpx
 from bot.agent.context import ContextCache
 from bot.agent.events import Events
 from bot.channels import Channel
-from bot.config import Config
+from bot.config import Config, LLMConfig
 from bot.llm.base import LLMClient
 from bot.tools import ToolBox
 from store import Store
@@ -25,3 +25,5 @@ class AgentDeps:
     channels: dict[str, Channel] = field(default_factory=dict)
     context_cache: ContextCache = field(default_factory=ContextCache)
     wake: Callable[[], None] = lambda: None  # the runner's, once there is one
+    # `[llm] fallbacks`, built: (client, its config, for its prices), tried in order.
+    fallbacks: list[tuple[LLMClient, LLMConfig]] = field(default_factory=list)

@@ -27,8 +27,10 @@ class Events:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         self._queues = [(c, q) for c, q in self._queues if q is not queue]
 
-    def listeners(self, conversation_id: int) -> int:
-        return sum(1 for c, _ in self._queues if c in (None, conversation_id))
+    def listeners(self, conversation_id: int, *, exact: bool = False) -> int:
+        """Subscribers of this conversation (`exact`: not counting those of all of them)."""
+        wanted = (conversation_id,) if exact else (None, conversation_id)
+        return sum(1 for c, _ in self._queues if c in wanted)
 
     def publish(self, event: Event) -> None:
         for wanted, queue in self._queues:

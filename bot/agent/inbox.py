@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.agent import approval
 from bot.agent.context import WITHDRAWS
 from bot.tools.base import known_timezone
 from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
@@ -25,6 +26,10 @@ class Accepted:
     conversation: Conversation
     turn_id: str
     duplicate: bool  # the message was already accepted once; turn_id is that turn
+    # The message was a person's answer to an approval ("yes 1a2b3c4d"): taken, and no
+    # turn made for it (`duplicate` is then True: nothing new to answer; `turn_id` is the
+    # turn that waited for the approval).
+    approval: str | None = None
 
 
 async def submit_message(store: Store, *, channel: str, external_ids: list[str],
@@ -48,6 +53,10 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
     entry_data: dict[str, Any] = {"channel": channel, **(data or {})}
     if zone is not None:
         inputs[TIMEZONE] = entry_data[TIMEZONE] = zone
+    taken = await _approval_answer(store, conversation, channel, external_ids, text,
+                                   author, owner, entry_data, extra)
+    if taken is not None:
+        return taken
     turn_id = w.spawn(TURN, inputs, conversation_id=conversation.id)
     w.submit(channel, *external_ids, conversation_id=conversation.id, task_id=turn_id,
              payload={"author": author})
@@ -63,6 +72,30 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                 return Accepted(conversation, known["task_id"], True)
         return Accepted(conversation, "", True)
     return Accepted(conversation, turn_id, False)
+
+
+async def _approval_answer(store: Store, conversation: Conversation, channel: str,
+                           external_ids: list[str], text: str, author: str | None,
+                           owner: str | None, entry_data: dict, extra) -> Accepted | None:
+    """A message that answers an approval addressed to its author is taken as the answer:
+    recorded (entry and submission, no turn) in the commit that applies it. Anything else
+    (no such code, someone else's request, already answered) is an ordinary message."""
+    found = await approval.find(store, text)
+    if found is None:
+        return None
+    w = Writes()
+    w.submit(channel, *external_ids, conversation_id=conversation.id,
+             payload={"author": author, "approval": found.approval_id})
+    w.append(conversation.id, "user", text, author=author, ref=external_ids[0],
+             data={**entry_data, "approval": found.approval_id})
+    if extra is not None:
+        extra(conversation, w)
+    outcome = await approval.answer(store, found.approval_id, found.approved,
+                                    by=owner or "local", writes=w)
+    if outcome not in ("approved", "denied"):
+        return None
+    turn = (await store.get_task(found.approval_id)).parent_id or ""
+    return Accepted(conversation, turn, True, approval=outcome)
 
 
 async def add_history(store: Store, *, channel: str, conversation_key: str,

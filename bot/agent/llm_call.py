@@ -1,18 +1,21 @@
 """An LLM call as a task: the pinned request is the input, the reply the result.
 
-Policy `safe`: a call cut off by a crash is sent again with the same request. While it
+Policy `safe`: a call cut off by a crash is sent again with the same request. A provider
+still down or overloaded after its retries hands the request to the next of `[llm]
+fallbacks` (with that one's model); the ledger records who answered. While it
 streams, the text so far is committed at most every `PARTIAL_EVERY` seconds, so a restart
 loses at most that much; the partial of a dead attempt becomes an `aborted` entry, kept
 for the record but never shown to the model.
 """
 
 import json
+import logging
 import time
 
 from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
-from bot.llm.errors import LLMError
+from bot.llm.errors import LLMError, TransientError
 from bot.llm.retry import stream_with_retries
 from bot.llm.types import Request, Response
 from bot.runtime import Effect, Policy, TaskContext
@@ -20,6 +23,8 @@ from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes
 
 PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
+
+log = logging.getLogger(__name__)
 
 
 class LLMCall(Effect):
@@ -64,7 +69,9 @@ class LLMCall(Effect):
                 await ctx.save_checkpoint({**checkpoint, "partial": streamed})
                 if not quiet:  # a summary, say: nothing any channel should show
                     self.deps.events.publish(Event(conv_id, "partial", {
-                        "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed}))
+                        "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed,
+                        "channel": ctx.inputs.get("channel"),
+                        "reply_to": ctx.inputs.get("reply_to")}))
                 kill_point("mid-stream", self.kind)
 
         async def on_retry(attempt: int, error: Exception, delay: float) -> None:
@@ -74,18 +81,20 @@ class LLMCall(Effect):
             self.deps.events.publish(Event(conv_id, "retry", {
                 "task": ctx.task.id, "turn": ctx.task.parent_id, "error": str(error)}))
 
+        chain = [(self.deps.client, self.deps.config.llm), *self.deps.fallbacks]
+        client, priced = chain[0]
+
         async def on_attempt(response: Response | None, error: Exception | None) -> None:
             usage = response.usage if response else None
             record = UsageRecord(
-                provider=self.deps.client.provider,
-                model=(response.model if response else "") or request.model
-                or self.deps.client.model,
+                provider=client.provider,
+                model=(response.model if response else "") or sent.model or client.model,
                 input_tokens=usage.input_tokens if usage else 0,
                 output_tokens=usage.output_tokens if usage else 0,
                 cache_read_tokens=usage.cache_read_tokens if usage else 0,
                 cache_write_tokens=usage.cache_write_tokens if usage else 0,
                 cost_usd=0.0 if usage is None else usage.cost_usd
-                if usage.cost_usd is not None else self.deps.config.llm.cost_usd(usage),
+                if usage.cost_usd is not None else priced.cost_usd(usage),
                 ok=error is None, error=None if error is None else f"{type(error).__name__}: "
                 f"{error}", task_id=ctx.task.id, conversation_id=conv_id)
             if error is None:
@@ -95,16 +104,34 @@ class LLMCall(Effect):
                 failed.record_usage(record)
                 await self.deps.store.commit(failed)
 
-        try:
-            response = await stream_with_retries(
-                self.deps.client, request, on_text, on_attempt=on_attempt, on_retry=on_retry,
-                max_attempts=self.deps.config.runtime.max_attempts,
-                base_delay=self.deps.config.runtime.retry_base_seconds,
-                max_delay=min(60.0, self.deps.config.runtime.retry_max_seconds))
-        except LLMError as exc:
-            # Retrying is done (or pointless): the turn tells the user what went wrong (or,
-            # for a context overflow, compacts and tries once more).
-            return {"error": str(exc), "error_type": type(exc).__name__,
-                    "retry_after": getattr(exc, "retry_after", None)}
+        runtime = self.deps.config.runtime
+        sent = request
+        # `client`, `priced` and `sent` are read by on_attempt: the one being tried.
+        for n, (client, priced) in enumerate(chain):  # noqa: B007
+            # A fallback answers the same request with its own model.
+            sent = request if n == 0 else request.model_copy(update={"model": client.model})
+            try:
+                response = await stream_with_retries(
+                    client, sent, on_text, on_attempt=on_attempt, on_retry=on_retry,
+                    max_attempts=runtime.max_attempts, base_delay=runtime.retry_base_seconds,
+                    max_delay=min(60.0, runtime.retry_max_seconds))
+                break
+            except TransientError as exc:  # still down or overloaded after its retries
+                if n + 1 == len(chain):
+                    return _failed(exc)
+                log.warning("llm: %s %s unavailable (%s); trying the fallback %s %s",
+                            client.provider, sent.model or client.model, type(exc).__name__,
+                            chain[n + 1][0].provider, chain[n + 1][0].model)
+                await on_retry(0, exc, 0.0)  # what it streamed is taken back
+            except LLMError as exc:
+                # Retrying is pointless: the turn tells the user what went wrong (or, for a
+                # context overflow, compacts and tries once more).
+                return _failed(exc)
         return {"response": response.model_dump(mode="json"),
                 "request_chars": request_chars(request)}
+
+
+def _failed(exc: LLMError) -> dict:
+    return {"error": str(exc), "error_type": type(exc).__name__,
+            "retry_after": getattr(exc, "retry_after", None),
+            "key_env": getattr(exc, "key_env", None)}

@@ -7,6 +7,8 @@ from bot.llm.types import ToolCall
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
 from bot.tools import ToolContext, ToolResult, known_timezone
+from bot.tools.netguard import NetGuard
+from bot.tools.permissions import recipients
 from store import NotFound, Task
 
 
@@ -15,14 +17,15 @@ class ToolCallTask(Effect):
 
     def __init__(self, deps: AgentDeps):
         self.deps = deps
+        self._netguard = NetGuard(deps.config.agent.http_allow)  # [agent] http_allow
 
     def _call(self, ctx: TaskContext):
         call = ToolCall.model_validate(ctx.inputs["call"])
         return call, self.deps.toolbox.get(call.name)
 
     def policy_for(self, ctx: TaskContext) -> Policy:
-        _, tool = self._call(ctx)
-        return tool.policy if tool else Policy.SAFE
+        call, tool = self._call(ctx)
+        return tool.policy_for(call.arguments) if tool else Policy.SAFE
 
     def can_reconcile(self, ctx: TaskContext) -> bool:
         _, tool = self._call(ctx)
@@ -47,7 +50,10 @@ class ToolCallTask(Effect):
                            idem_key=ctx.idem_key or ctx.task.id, writes=ctx.writes,
                            http=self.deps.http,
                            timezone=zone or self.deps.config.agent.timezone,
-                           save_partial=save_partial, origin=origin)
+                           save_partial=save_partial, origin=origin,
+                           recipients=recipients(self.deps),
+                           approved=bool(ctx.inputs.get("approved")),
+                           netguard=self._netguard, channels=self.deps.channels)
 
     async def _zone_of(self, turn: Task) -> str | None:
         """The zone of the person the turn answers: stored with their message (a Slack

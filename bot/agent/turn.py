@@ -13,25 +13,26 @@ Every phase commits with its writes, so a crash anywhere resumes at the last pha
 children (LLM calls, tools, deliveries) carry their own replay policies.
 """
 
-from bot.agent.context import build_request
+import time
+
+from bot.agent import budget
+from bot.agent.apology import apology
+from bot.agent.approval import KIND as APPROVAL
+from bot.agent.compact import KIND as COMPACT
+from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
-from bot.agent.inbox import TURN
+from bot.agent.inbox import TIMEZONE, TURN
+from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
-from bot.memory.compaction import KIND as COMPACT
 from bot.memory.compaction import compaction_due
-from bot.memory.facts import facts_for
-from bot.memory.recall import recall
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
-from store import DONE, INTERRUPTED, Task
+from bot.tools.permissions import READS_OUTSIDE, Asking, approval_needed, recipients
+from store import DONE
 
 # Seconds a queued turn sleeps at most. Only a safety net: the older turn's last commit wakes
 # it (race-free, see store/commit.py). Longer than `steward resume` waits for work due soon,
 # so a queue behind a turn riding out an outage does not keep `resume` from exiting.
 WAIT_FOR_OLDER_TURN = 600.0
-
-INTERRUPTED_NOTE = ("error: this tool call was interrupted (Steward stopped while it ran) and "
-                    "was not repeated, because it may already have taken effect.")
-
 
 class Turn(TaskDef):
     kind = TURN
@@ -69,16 +70,18 @@ class Turn(TaskDef):
         return await self._phase_llm(ctx)
 
     async def _phase_llm(self, ctx: TaskContext):
+        if (capped := await self._spending_caps(ctx)) is not None:
+            return capped
         cp = ctx.checkpoint
         deps, conv_id = self.deps, ctx.task.conversation_id
         config = deps.config
         tools = deps.toolbox.specs() if cp["round"] < config.agent.max_tool_rounds else []
-        assembled = await build_request(
-            self.store, config, conv_id, tools=tools, model=deps.client.model,
-            upto=cp["upto"], cache=deps.context_cache,
-            facts=await facts_for(self.store, conv_id, config.compaction.facts_chars),
-            recall=lambda conversation, said, seen: recall(self.store, conversation, said,
-                                                           in_window=seen))
+        # The asker's zone (their Slack profile's), else the configured one: recall reads a
+        # time phrase ("last spring") and dates its hits there.
+        assembled = await assemble(self.store, config, conv_id, tools=tools,
+                                   model=deps.client.model, upto=cp["upto"],
+                                   cache=deps.context_cache,
+                                   timezone=ctx.inputs.get(TIMEZONE))
         if config.compaction.enabled:
             limit = config.llm.context_window - config.llm.max_output_tokens
             full = assembled.estimated_tokens > limit or not assembled.window.complete
@@ -90,8 +93,27 @@ class Turn(TaskDef):
                     return Wait("llm", {**cp, "compacted": True})
                 # Approaching it: summarise in the background while this turn goes on.
                 ctx.writes.spawn(COMPACT, {"reason": "window filling"}, conversation_id=conv_id)
-        llm_task = ctx.spawn("llm_call", {"request": assembled.request.model_dump(mode="json")})
+        # Where the answer goes rides along, so a channel can show the streamed text.
+        llm_task = ctx.spawn("llm_call", {"request": assembled.request.model_dump(mode="json"),
+                                          "channel": ctx.inputs.get("channel", "cli"),
+                                          "reply_to": ctx.inputs.get("reply_to", {})})
         return Wait("after_llm", {**cp, "llm_task": llm_task})
+
+    async def _spending_caps(self, ctx: TaskContext):
+        """At a spending cap: the notice, instead of calling the model. Near one: a note
+        for the answer, once per cap and period (bot/agent/budget.py)."""
+        caps = self.deps.config.limits
+        if not caps.limited:
+            return None
+        owner = (await self.store.get_conversation_by_id(ctx.task.conversation_id)).owner
+        verdict = await budget.check(self.store, self.deps.config, owner)
+        if verdict.over is not None:
+            return self._answer(ctx, budget.over_notice(verdict.over, caps.currency))
+        if verdict.near is not None and "note" not in ctx.checkpoint \
+                and await budget.claim_note(self.store, verdict.near, owner):
+            ctx.checkpoint = {**ctx.checkpoint, "note": budget.near_note(verdict.near,
+                                                                         caps.currency)}
+        return None
 
     async def _phase_after_llm(self, ctx: TaskContext):
         cp = ctx.checkpoint
@@ -103,13 +125,9 @@ class Turn(TaskDef):
             ctx.spawn(COMPACT, {"reason": "context overflow"})
             return Wait("llm", {**cp, "overflow_retried": True, "compacted": True})
         if state != DONE or "error" in result:
-            problem = result.get("error") or error or state
-            text = f"Sorry, I could not get an answer from the model: {problem}"
-            if result.get("retry_after"):  # a rate limit longer than retries wait out
-                minutes = max(1, round(result["retry_after"] / 60))
-                text += f" (the provider asks me to wait about {minutes} minute" \
-                        f"{'s' if minutes > 1 else ''}; please ask again then)"
-            return self._answer(ctx, text, error=True)
+            failure = (await self.store.get_task(cp["llm_task"])).failure
+            return self._answer(ctx, apology(result, error, state, failure=failure),
+                                error=True)
         response = Response.model_validate(result["response"])
         if not response.tool_calls:
             return self._answer(ctx, response.text)
@@ -118,22 +136,62 @@ class Turn(TaskDef):
                           data={"tool_calls": calls, "answers_upto": cp["upto"]})
         # Each call's idempotency key (for `keyed` tools) is derived from the turn, the
         # round and the call's place in it: the same on every re-run, unique in the turn
-        # even when a model repeats call ids across rounds.
-        tool_tasks = [ctx.spawn("tool_call", {"call": c},
-                                idem_key=f"{ctx.task.id}.{cp['round']}.{n}")
-                      for n, c in enumerate(calls)]
+        # even when a model repeats call ids across rounds. A call that needs the person's
+        # yes first waits for it as an approval (which then spawns it, with the same key).
+        asking = await self._asking(ctx)
+        tool_tasks = []
+        for n, c in enumerate(response.tool_calls):
+            key = f"{ctx.task.id}.{cp['round']}.{n}"
+            summary = await self._approval(c, asking)
+            if summary is None:
+                tool_tasks.append(ctx.spawn("tool_call", {"call": calls[n]}, idem_key=key))
+                continue
+            tool_tasks.append(ctx.spawn(APPROVAL, {
+                "call": calls[n], "idem_key": key, "summary": summary,
+                "channel": ctx.inputs.get("channel", "cli"),
+                "reply_to": ctx.inputs.get("reply_to", {}), "who": asking.who,
+                "expires_at": time.time() + 60 * self.deps.config.agent.approval_expiry_minutes}))
         return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
 
+    async def _asking(self, ctx: TaskContext) -> Asking:
+        conversation = await self.store.get_conversation_by_id(ctx.task.conversation_id)
+        asker = conversation.owner if ctx.inputs.get("channel") == "email" else None
+        return Asking(recipients(self.deps), asker=asker,
+                      read_outside=ctx.checkpoint.get("read_outside"),
+                      who=conversation.owner or "local")
+
+    async def _approval(self, call: ToolCall, asking: Asking) -> str | None:
+        tool = self.deps.toolbox.get(call.name)
+        if tool is None:
+            return None  # answered with an error, nothing runs
+        return approval_needed(tool, call.arguments, asking, config=self.deps.config,
+                               custom=call.name in self.deps.toolbox.custom) \
+            or await tool.approval(asking, call.arguments)
+
     async def _phase_after_tools(self, ctx: TaskContext):
-        cp = ctx.checkpoint
-        for task_id in cp["tool_tasks"]:
+        cp = {k: v for k, v in ctx.checkpoint.items() if k != "tool_tasks"}
+        for task_id in ctx.checkpoint["tool_tasks"]:
             task = await self.store.get_task(task_id)
             call = ToolCall.model_validate(task.inputs["call"])
             content, is_error = tool_outcome(task)
-            ctx.writes.append(ctx.task.conversation_id, "tool_result", content,
-                              data={"tool_call_id": call.id, "name": call.name,
-                                    "is_error": is_error}, task_id=ctx.task.id)
-        return Continue("llm", {k: v for k, v in cp.items() if k != "tool_tasks"})
+            tool = self.deps.toolbox.get(call.name)
+            outside = tool is not None and READS_OUTSIDE in tool.touches and not is_error
+            data = {"tool_call_id": call.id, "name": call.name, "is_error": is_error}
+            if outside:  # shown to the model as data (context.UNTRUSTED), and remembered:
+                data["untrusted"] = True  # sending or scheduling now needs approval
+                cp.setdefault("read_outside", call.name)
+            ctx.writes.append(ctx.task.conversation_id, "tool_result", content, data=data,
+                              task_id=ctx.task.id)
+        return Continue("llm", cp)
+
+    async def poisoned(self, ctx: TaskContext, reason: str):
+        """Working on this message keeps killing the process: the person is told, once (the
+        answer's delivery is keyed by the turn), and the conversation's queue moves on."""
+        if not (ctx.checkpoint or {}).get("upto"):
+            conversation = await self.store.get_conversation_by_id(ctx.task.conversation_id)
+            ctx.checkpoint = {"upto": conversation.last_seq, "round": 0}
+        return self._answer(ctx, "Sorry, I had to stop working on this message: Steward "
+                            f"crashed each time it tried ({reason}).", error=True)
 
     async def _phase_delivered(self, ctx: TaskContext):
         return await self._finish(ctx, {"text": ctx.checkpoint["answer"],
@@ -144,6 +202,8 @@ class Turn(TaskDef):
         turn, so even a repeated phase cannot make a second one)."""
         cp = ctx.checkpoint
         conv_id = ctx.task.conversation_id
+        if cp.get("note"):  # near a spending cap: said once, with this answer
+            text = f"{text}\n\n{cp['note']}"
         ctx.writes.append(conv_id, "assistant", text, task_id=ctx.task.id,
                           data={"final": True, "answers_upto": cp["upto"], "error": error})
         delivery = ctx.writes.deliver(
@@ -162,13 +222,3 @@ class Turn(TaskDef):
         for queued in nxt:
             ctx.writes.wake(queued.id)
         return Done(result)
-
-
-def tool_outcome(task: Task) -> tuple[str, bool]:
-    """What the model is told about a finished tool task."""
-    if task.state == DONE and isinstance(task.result, dict) and "content" in task.result:
-        return task.result["content"], bool(task.result.get("is_error"))
-    if task.state == INTERRUPTED:
-        partial = (task.result or {}).get("partial")
-        return INTERRUPTED_NOTE + (f" Partial output: {partial}" if partial else ""), True
-    return f"error: the tool call failed: {task.error or task.state}", True

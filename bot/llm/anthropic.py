@@ -6,6 +6,7 @@ message. Consecutive user-side items (tool results, then perhaps a steering mess
 merged into one user message, results first, as the API requires. A later system message
 (say, the current time placed late to keep the cache warm) is sent as user text.
 Prompt caching: a cache breakpoint on the system prompt and on the last message.
+Images: a user message's images follow its text as `image` blocks with a base64 source.
 
 Stream: `message_start` (usage, cache tokens), `content_block_start` (text or tool_use),
 `content_block_delta` (text_delta, input_json_delta), `content_block_stop`,
@@ -25,7 +26,7 @@ import httpx
 from .base import OnText, open_sse, parse_arguments, parse_json_event
 from .errors import StreamError
 from .http_errors import payload_error
-from .types import Message, Request, Response, ToolCall, Usage
+from .types import Message, Request, Response, ToolCall, Usage, image_data, missing_image
 
 _STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
                  "max_tokens": "length"}
@@ -60,8 +61,9 @@ class AnthropicClient:
         if self.api_key:
             headers["x-api-key"] = self.api_key
         assembly = _Assembly(request.model or self.model)
+        body = self.wire_body(request, await image_data(request))
         async with open_sse(self.http, f"{self.base_url}/v1/messages",
-                            body=self.wire_body(request), headers=headers,
+                            body=body, headers=headers,
                             provider=self.provider, api_key_env=self.api_key_env) as events:
             async for event, data in events:
                 payload = parse_json_event(self.provider, data)
@@ -79,9 +81,12 @@ class AnthropicClient:
                               provider=self.provider)
         return assembly.response()
 
-    def wire_body(self, request: Request) -> dict[str, Any]:
-        """The JSON body for `request` (public so the exact request can be inspected)."""
-        system, messages = wire_messages(request.messages)
+    def wire_body(self, request: Request,
+                  images: dict[str, str | None] | None = None) -> dict[str, Any]:
+        """The JSON body for `request` (public so the exact request can be inspected);
+        `images`: the base64 of its images by sha256 (`image_data`), else they are
+        named by their stored path."""
+        system, messages = wire_messages(request.messages, images)
         body: dict[str, Any] = {
             "model": request.model or self.model,
             "max_tokens": request.max_tokens,
@@ -98,7 +103,8 @@ class AnthropicClient:
         return body
 
 
-def wire_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+def wire_messages(messages: list[Message], images: dict[str, str | None] | None = None
+                  ) -> tuple[str, list[dict[str, Any]]]:
     """`(system, messages)` in Messages-API form."""
     rest = list(messages)
     system: list[str] = []
@@ -107,7 +113,7 @@ def wire_messages(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     out: list[dict[str, Any]] = []
     for message in rest:
         role = "assistant" if message.role == "assistant" else "user"
-        blocks = _blocks(message)
+        blocks = _blocks(message) + _images(message, images)
         if not blocks:
             continue  # the API rejects empty content
         if out and out[-1]["role"] == role:
@@ -136,6 +142,23 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     if message.role == "assistant":
         blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
                    for c in message.tool_calls]
+    return blocks
+
+
+def _images(message: Message, images: dict[str, str | None] | None) -> list[dict[str, Any]]:
+    if message.role != "user":
+        return []
+    blocks: list[dict[str, Any]] = []
+    for image in message.images:
+        if images is None:  # inspection only: never sent like this
+            source = {"type": "url", "url": f"file://{image.path}"}
+        elif images.get(image.sha256) is None:
+            blocks.append({"type": "text", "text": missing_image(image)})
+            continue
+        else:
+            source = {"type": "base64", "media_type": image.media_type,
+                      "data": images[image.sha256]}
+        blocks.append({"type": "image", "source": source})
     return blocks
 
 

@@ -4,7 +4,9 @@ LLMError                  carries provider, status, body and lower-cased headers
  +-- TransientError       worth retrying with backoff
  |    +-- RateLimited     429 (retry_after seconds when the server said so)
  |    +-- ServerError     5xx, overloaded
- |    +-- StreamError     timeout, connection refused or dropped, stream cut before its end
+ |    +-- StreamError     timeout, connection dropped, stream cut before its end
+ |         +-- Unreachable no connection could be made (DNS, refused, connect timeout):
+ |                         retried briefly, since a down network is not back in seconds
  +-- ContextOverflow      the request does not fit the model's context window
  +-- AuthError            401/403: the message names the env var to check
  +-- RequestError         any other 4xx: the request itself is wrong
@@ -39,12 +41,18 @@ class StreamError(TransientError):
     pass
 
 
+class Unreachable(StreamError):
+    """The provider's host could not be reached at all; nothing was sent."""
+
+
 class ContextOverflow(LLMError):
     pass
 
 
 class AuthError(LLMError):
-    pass
+    def __init__(self, message: str, *, key_env: str | None = None, **kw):
+        super().__init__(message, **kw)
+        self.key_env = key_env  # the environment variable the key was read from
 
 
 class RequestError(LLMError):

@@ -77,15 +77,19 @@ def _anthropic(config: LLMConfig, env: Mapping[str, str],
                            model=config.model or ANTHROPIC_MODEL)
 
 
-async def _ollama_model(http: httpx.AsyncClient, url: str) -> str | None:
-    """The first model a local Ollama lists, or None (not running, slow, or no models)."""
+async def ollama_models(http: httpx.AsyncClient, url: str) -> list[str]:
+    """The models an Ollama at `url` lists (GET /api/tags), or [] (not running, slow, or
+    none pulled)."""
     try:
         response = await http.get(f"{url.rstrip('/')}/api/tags", timeout=OLLAMA_PROBE_SECONDS)
         models = response.json().get("models") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    for entry in models if isinstance(models, list) else []:
-        name = (entry.get("name") or entry.get("model")) if isinstance(entry, dict) else None
-        if name:
-            return str(name)
-    return None
+        return []
+    names = [(m.get("name") or m.get("model")) if isinstance(m, dict) else None
+             for m in (models if isinstance(models, list) else [])]
+    return [str(n) for n in names if n]
+
+
+async def _ollama_model(http: httpx.AsyncClient, url: str) -> str | None:
+    """The first model a local Ollama lists, or None."""
+    return next(iter(await ollama_models(http, url)), None)

@@ -27,6 +27,7 @@ from .errors import (
     RequestError,
     ServerError,
     StreamError,
+    Unreachable,
 )
 
 BODY_LIMIT = 4000  # characters of an error body kept on the exception
@@ -106,7 +107,7 @@ def classify(
     if status in (401, 403) or kind in _AUTH_KINDS:
         hint = f"check the API key in the environment variable {api_key_env}" if api_key_env \
             else "check the API key"
-        return AuthError(f"{detail} ({hint})", **kw)
+        return AuthError(f"{detail} ({hint})", key_env=api_key_env, **kw)
     if status == 413 or _CONTEXT.search(text):
         return ContextOverflow(detail, **kw)
     if (status or 0) >= 500 or "overloaded" in text.lower() or kind in _SERVER_KINDS:
@@ -140,10 +141,13 @@ def payload_error(provider: str, error: object, api_key_env: str = "") -> LLMErr
 
 
 def transport_error(provider: str, exc: Exception) -> LLMError:
-    """httpx failures: timeouts, refused or dropped connections are transient; a URL httpx
-    cannot use at all is a request problem."""
+    """httpx failures: timeouts, refused or dropped connections are transient (a host
+    that cannot be reached at all is `Unreachable`); a URL httpx cannot use at all is a
+    request problem."""
     name = type(exc).__name__
     message = f"{provider}: {name}: {exc}" if str(exc) else f"{provider}: {name}"
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.InvalidURL):
         return RequestError(message, provider=provider)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return Unreachable(message, provider=provider)
     return StreamError(message, provider=provider)

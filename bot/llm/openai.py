@@ -8,6 +8,9 @@ ends with neither `[DONE]` nor a `finish_reason` was cut: StreamError.
 
 Usage: `input_tokens` is `prompt_tokens` (the whole prompt, cached part included) and
 `cache_read_tokens` is `prompt_tokens_details.cached_tokens`.
+
+Images: a user message with images is sent as content parts, its text first, then one
+`image_url` part per image with a `data:` URL of the stored file.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import httpx
 from .base import OnText, dump_arguments, open_sse, parse_arguments, parse_json_event
 from .errors import StreamError
 from .http_errors import payload_error
-from .types import Message, Request, Response, ToolCall, Usage
+from .types import Message, Request, Response, ToolCall, Usage, image_data, missing_image
 
 _STOP_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
                  "length": "length"}
@@ -51,8 +54,9 @@ class OpenAIClient:
         model = request.model or self.model
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         assembly = _Assembly(model)
+        body = self.wire_body(request, await image_data(request))
         async with open_sse(self.http, f"{self.base_url}/chat/completions",
-                            body=self.wire_body(request), headers=headers,
+                            body=body, headers=headers,
                             provider=self.provider, api_key_env=self.api_key_env) as events:
             async for _event, data in events:
                 if data.strip() == "[DONE]":
@@ -69,14 +73,17 @@ class OpenAIClient:
                               provider=self.provider)
         return assembly.response()
 
-    def wire_body(self, request: Request) -> dict[str, Any]:
-        """The JSON body for `request` (public so the exact request can be inspected)."""
+    def wire_body(self, request: Request,
+                  images: dict[str, str | None] | None = None) -> dict[str, Any]:
+        """The JSON body for `request` (public so the exact request can be inspected);
+        `images`: the base64 of its images by sha256 (`image_data`), else they are
+        named by their stored path."""
         # OpenAI's own API wants max_completion_tokens (reasoning models reject max_tokens);
         # compatible servers know max_tokens
         limit = "max_completion_tokens" if "api.openai.com" in self.base_url else "max_tokens"
         body: dict[str, Any] = {
             "model": request.model or self.model,
-            "messages": [wire_message(m) for m in request.messages],
+            "messages": [wire_message(m, images) for m in request.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             limit: request.max_tokens,
@@ -92,7 +99,8 @@ class OpenAIClient:
         return body
 
 
-def wire_message(message: Message) -> dict[str, Any]:
+def wire_message(message: Message,
+                 images: dict[str, str | None] | None = None) -> dict[str, Any]:
     """A neutral message in chat-completions form."""
     if message.role == "tool":
         content = message.content
@@ -109,7 +117,24 @@ def wire_message(message: Message) -> dict[str, Any]:
                 for c in message.tool_calls
             ],
         }
+    if message.role == "user" and message.images:
+        return {"role": "user", "content": _parts(message, images)}
     return {"role": message.role, "content": message.content}
+
+
+def _parts(message: Message, images: dict[str, str | None] | None) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}] \
+        if message.content else []
+    for image in message.images:
+        if images is None:
+            url = f"file://{image.path}"  # inspection only: never sent like this
+        elif images.get(image.sha256) is None:
+            parts.append({"type": "text", "text": missing_image(image)})
+            continue
+        else:
+            url = f"data:{image.media_type};base64,{images[image.sha256]}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
 
 
 class _Assembly:

@@ -4,6 +4,12 @@ Transient errors (rate limits, server errors, broken or timed-out streams) are r
 with exponential backoff and full jitter: before retry n (n = 1, 2, ...) wait a random
 time in [0, min(max_delay, base_delay * 2**(n-1))].
 
+A provider that cannot be reached at all (`Unreachable`: no DNS answer, connection
+refused) is tried `unreachable_attempts` times in all (default 2), the wait between them
+capped at `base_delay`: a network that is down stays down for longer than backoff within
+one call could wait, and the person asking should hear so in seconds, not after a minute
+of silence. Whoever calls decides what to do next (the turn tells the person).
+
 A rate limit with a `retry_after` is honoured exactly, without jitter, even beyond
 `max_delay`, up to `RETRY_AFTER_CAP` times `max_delay`. A server that asks for more than
 that is not retried here: the RateLimited error is raised at once (the turn tells the user
@@ -22,10 +28,11 @@ import random
 from collections.abc import Awaitable, Callable
 
 from .base import LLMClient, OnText
-from .errors import LLMError, RateLimited, TransientError
+from .errors import LLMError, RateLimited, TransientError, Unreachable
 from .types import Request, Response
 
 RETRY_AFTER_CAP = 5  # honour Retry-After up to this many times max_delay
+UNREACHABLE_ATTEMPTS = 2  # tries in all when no connection can be made
 
 OnAttempt = Callable[[Response | None, Exception | None], Awaitable[None]]
 OnRetry = Callable[[int, LLMError, float], Awaitable[None]]
@@ -36,6 +43,8 @@ def backoff_delay(error: LLMError, retry: int, *, base_delay: float, max_delay: 
     """Seconds to wait before retry number `retry` (1-based), or None: do not retry."""
     if isinstance(error, RateLimited) and error.retry_after is not None:
         return error.retry_after if error.retry_after <= RETRY_AFTER_CAP * max_delay else None
+    if isinstance(error, Unreachable):
+        return rand() * min(max_delay, base_delay)
     return rand() * min(max_delay, base_delay * 2 ** (retry - 1))
 
 
@@ -49,6 +58,7 @@ async def stream_with_retries(
     max_attempts: int = 5,
     base_delay: float = 1.0,
     max_delay: float = 60.0,
+    unreachable_attempts: int = UNREACHABLE_ATTEMPTS,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
 ) -> Response:
@@ -64,6 +74,8 @@ async def stream_with_retries(
             if on_attempt is not None:
                 await on_attempt(None, error)
             if not isinstance(error, TransientError) or attempt >= max_attempts:
+                raise
+            if isinstance(error, Unreachable) and attempt >= unreachable_attempts:
                 raise
             delay = backoff_delay(error, attempt, base_delay=base_delay, max_delay=max_delay,
                                   rand=rand)

@@ -7,8 +7,11 @@ or a function `(Request) -> Response`, sync or async. The text is streamed to `o
 four characters a token when the scripted Response reports none. Every request is kept
 in `.requests`.
 
-`demo_model()` is the offline demo: it calls the `current_time` and `todo` tools when
-they are offered and asked for, summarises tool results, and otherwise says what it is.
+`demo_model()` is the offline demo: when its tools are offered and asked for, it keeps a
+fact ("remember that ..."), says what it remembers ("what do you know about me?", from
+the facts in its context), searches history ("search for ...", "when did ...?"), sets a
+reminder and says it when it fires ("remind me in 2 minutes to ..."), adds to the to-do
+list and tells the time; it summarises tool results, and otherwise says what it is.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import inspect
 import json
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime
 
 from .base import OnText
 from .errors import LLMError, RequestError
@@ -100,7 +105,9 @@ def estimate_usage(request: Request, response: Response) -> Usage:
     prompt += "".join(t.name + t.description + json.dumps(t.parameters) for t in request.tools)
     answer = response.text + "".join(c.name + json.dumps(c.arguments)
                                      for c in response.tool_calls)
-    return Usage(input_tokens=estimate_tokens(prompt), output_tokens=estimate_tokens(answer))
+    images = sum(i.tokens for m in request.messages for i in m.images)
+    return Usage(input_tokens=estimate_tokens(prompt) + images,
+                 output_tokens=estimate_tokens(answer))
 
 
 # ---------------------------------------------------------------- the offline demo
@@ -109,6 +116,20 @@ _TIME = re.compile(r"\b(time|date|day|today|clock|hour)\b", re.IGNORECASE)
 _TODO_PREFIX = re.compile(r"^\s*(?:to-?do)\s*:\s*(?P<item>.+?)\s*$", re.IGNORECASE | re.DOTALL)
 _TODO_ADD = re.compile(r"\badd\s+(?P<item>.+?)\s+to\s+my\s+to-?do(?:\s+list)?\b",
                        re.IGNORECASE | re.DOTALL)
+
+
+_REMEMBER = re.compile(r"^\s*remember\s+(?:that\s+)?(?P<fact>.+?)\s*[.!]?\s*$",
+                       re.IGNORECASE | re.DOTALL)
+_KNOWN = re.compile(r"\bwhat do you (?:know|remember)\b", re.IGNORECASE)
+_SEARCH = re.compile(r"^\s*(?:search(?:\s+for)?|find|look up)\s+(?P<query>.+?)\s*[.?!]?\s*$|"
+                     r"^\s*(?P<question>(?:when|who|what|where)\s+did\s+.+?)\s*\??\s*$",
+                     re.IGNORECASE | re.DOTALL)
+_REMIND = re.compile(r"\bremind me in\s+(?P<n>\d{1,4})\s*(?P<unit>s|sec|secs|seconds?|m|min|"
+                     r"mins|minutes?|h|hours?)\s+(?:to\s+)?(?P<what>.+?)\s*[.!]?\s*$",
+                     re.IGNORECASE | re.DOTALL)
+_REMINDER = re.compile(r"^Remind the user to (?P<what>.+?)\.?\s*\Z", re.MULTILINE | re.DOTALL)
+_FACTS = "What you know about the people here (long-term memory):\n"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 
 
 def demo_model(*, chunk_chars: int = 8, delay: float = 0.0) -> ScriptedModel:
@@ -124,6 +145,28 @@ def demo_reply(request: Request) -> Response:
     said = next((m.content.strip() for m in reversed(messages) if m.role == "user"), "")
     tools = {t.name for t in request.tools}
     call_id = f"demo_{len(request.messages)}"
+    if (reminder := _REMINDER.search(said)) is not None:  # a reminder the demo set, firing
+        return Response(text=f"Reminder: {reminder['what']}.")
+    if (remind := _REMIND.search(said)) and "schedule" in tools:
+        seconds = int(remind["n"]) * _UNIT_SECONDS[remind["unit"][0].lower()]
+        at = datetime.fromtimestamp(time.time() + seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        what = remind["what"].rstrip(".!")
+        return Response(tool_calls=[ToolCall(id=call_id, name="schedule", arguments={
+            "action": "create", "name": what[:60], "prompt": f"Remind the user to {what}.",
+            "at": at, "timezone": "UTC"})])
+    if (remember := _REMEMBER.match(said)) and "remember_fact" in tools:
+        return Response(tool_calls=[ToolCall(id=call_id, name="remember_fact",
+                                             arguments={"fact": remember["fact"]})])
+    if _KNOWN.search(said):
+        system = next((m.content for m in request.messages if m.role == "system"), "")
+        known = system.split(_FACTS, 1)[1].strip() if _FACTS in system else ""
+        return Response(text=f"Here is what I remember:\n{known}" if known else
+                        "I do not remember anything about you yet; tell me \"remember that "
+                        "...\".")
+    if (search := _SEARCH.match(said)) and "search_history" in tools:
+        query = (search["query"] or search["question"]).strip()
+        return Response(tool_calls=[ToolCall(id=call_id, name="search_history",
+                                             arguments={"query": query[:500]})])
     todo = _TODO_PREFIX.match(said) or _TODO_ADD.search(said)
     if todo and "todo" in tools:
         item = todo["item"].strip().rstrip(".!")
@@ -132,9 +175,27 @@ def demo_reply(request: Request) -> Response:
     if _TIME.search(said) and "current_time" in tools:
         return Response(tool_calls=[ToolCall(id=call_id, name="current_time", arguments={})])
     echo = said if len(said) <= 200 else said[:197] + "..."
-    return Response(text=f'You said: "{echo}". I am the offline demo model, so that is all I '
-                         "can do; configure [llm] in config.toml (or set OPENAI_API_KEY or "
-                         "ANTHROPIC_API_KEY) for a real one.")
+    return Response(text=f'You said: "{echo}". I am the offline demo model: try "remember '
+                         'that ...", "what do you know about me?", "search for ...", "remind '
+                         'me in 1 minute to ...", "add ... to my todo" or "what time is it?"; '
+                         "configure [llm] in config.toml (or set OPENAI_API_KEY or "
+                         "ANTHROPIC_API_KEY) for a real model.")
+
+
+_HIT = re.compile(r"^\d+\. (?P<when>[^·\n]+?) · (?P<where>[^·\n]+?) · #\d+\n(?:   … .*\n)*"
+                  r"   > (?P<said>.*)$", re.MULTILINE)
+
+
+def _found(result: Message, question: str) -> str | None:
+    """A search's hits as a person would tell them (the question itself left out)."""
+    hits = [f"{m['when']} in {m['where']}: {m['said']}" for m in _HIT.finditer(result.content)
+            if question not in m["said"]]
+    if result.name != "search_history" or result.is_error:
+        return None
+    if not hits:
+        return "I found nothing about that."
+    return "I found:\n" + "\n".join(f"- {h if len(h) <= 300 else h[:297] + '...'}"
+                                     for h in hits[:3])
 
 
 def _summarise_results(messages: list[Message]) -> str:
@@ -143,10 +204,13 @@ def _summarise_results(messages: list[Message]) -> str:
         if message.role != "tool":
             break
         results.insert(0, message)
+    question = next((m.content.strip() for m in reversed(messages) if m.role == "user"), "")
+    if len(results) == 1 and (found := _found(results[0], question)) is not None:
+        return found
     parts = []
     for result in results:
         text = " ".join(result.content.split()) or "(no output)"
-        text = text if len(text) <= 200 else text[:197] + "..."
+        text = text if len(text) <= 700 else text[:697] + "..."
         label = f"{result.name}: " if result.name else ""
         parts.append(f"{label}{'failed: ' if result.is_error else ''}{text}")
     return "Done: " + "; ".join(parts)

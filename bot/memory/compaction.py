@@ -1,11 +1,12 @@
 """Compaction: old history becomes a summary entry (a head marker) so the context window
 stays within bounds; the old entries stay on disk and searchable.
 
-A compaction is a workflow task like any other: it picks the cut, spawns an `llm_call`
-for the summary (an effect sandwich, with its usage in the ledger), and on success appends
-the summary as a `compaction` entry that becomes the conversation's head in the same
-commit. A failed summary loses nothing: the turn goes on with the oldest entries left out
-of its window, and compaction is tried again later with backoff.
+A compaction is a workflow task like any other (`bot/agent/compact.py`, next to the turn):
+it picks the cut (here), spawns an `llm_call` for the summary (an effect sandwich, with its
+usage in the ledger), and on success appends the summary as a `compaction` entry that
+becomes the conversation's head in the same commit. A failed summary loses nothing: the
+turn goes on with the oldest entries left out of its window, and compaction is tried again
+later with backoff.
 
 The cut keeps about `keep_recent_tokens` of the newest history verbatim and falls only at a
 clean position: just before a user message, with no exchange open (see `Exchanges`), so a
@@ -16,24 +17,15 @@ left out of the context.
 
 import time
 
-from bot.agent.context import PAGE, SPOKEN, entry_chars, head_of, tokens_per_char, withdrawn_by
-from bot.agent.deps import AgentDeps
-from bot.llm.types import Message, Request
-from bot.runtime import Done, Fail, TaskContext, TaskDef, Wait
-from store import DONE, FAILED, Entry, Store
+from bot.memory.transcript import PAGE, SPOKEN, entry_chars, withdrawn_by
+from store import FAILED, Entry, Store
 
 KIND = "compact"
 BACKOFF_BASE, BACKOFF_MAX = 60.0, 3600.0
 LOOKBACK_PAGES = 10  # how far back a cut's open exchanges are looked for (see `open_at`)
 SHORT_LINE = 300  # a line's length past the budget, while an open exchange is finished
 
-SUMMARY_PROMPT = """You maintain the running summary of a long conversation between a user and
-their assistant. Write a new summary that replaces the previous one (if given) and covers
-the new messages. Keep: what the user asked for and decided, facts about them and their
-world, open tasks, promises and commitments with dates, names, numbers and links that
-may matter later. Drop small talk and tool output details. Write in the conversation's
-language, as compact notes, under {words} words. End with one line saying that older
-messages are stored and can be found with the search_history tool."""
+
 
 
 def _calls(entry: Entry) -> set[str]:
@@ -234,51 +226,6 @@ def _line(entry: Entry) -> str:
     calls = "".join(f" [calls {c['name']}({c['arguments']})]"
                     for c in (entry.data or {}).get("tool_calls", []))
     return f"{who}: {entry.text[:4000]}{calls}"
-
-
-class Compact(TaskDef):
-    kind = KIND
-
-    def __init__(self, deps: AgentDeps):
-        self.deps = deps
-
-    async def step(self, ctx: TaskContext):
-        store, config = self.deps.store, self.deps.config
-        conv_id = ctx.task.conversation_id
-        if ctx.phase == "":
-            conversation = await store.get_conversation_by_id(conv_id)
-            previous, after = await head_of(store, conversation)
-            ratio = await tokens_per_char(store, conv_id)
-            keep = int(config.compaction.keep_recent_tokens / ratio)
-            cut = await choose_cut(store, conv_id, after=after, last_seq=conversation.last_seq,
-                                   keep_chars=keep)
-            if cut is None:
-                return Done({"skipped": "nothing old enough to summarise"})
-            budget = int((config.llm.context_window - config.llm.max_output_tokens) / ratio
-                         * 0.8) - len(previous or "")
-            text, upto = await transcript_between(store, conv_id, after, cut, budget)
-            words = max(150, min(1500, config.llm.max_output_tokens // 2))
-            user = (f"Previous summary:\n{previous}\n\n" if previous else "") + \
-                f"New messages:\n{text}"
-            request = Request(model=self.deps.client.model,
-                              max_tokens=config.llm.max_output_tokens, messages=[
-                                  Message(role="system",
-                                          content=SUMMARY_PROMPT.format(words=words)),
-                                  Message(role="user", content=user)])
-            call = ctx.spawn("llm_call", {"request": request.model_dump(mode="json"),
-                                          "quiet": True})
-            return Wait("summarized", {"cut": upto, "after": after, "call": call})
-        cp = ctx.checkpoint
-        state, result, error = await store.task_outcome(cp["call"])
-        result = result or {}
-        if state != DONE or "response" not in result:
-            return Fail(f"the summary failed: {result.get('error') or error}")
-        summary = result["response"]["text"].strip()
-        if not summary:
-            return Fail("the model returned an empty summary")
-        ctx.writes.append(conv_id, "compaction", summary, task_id=ctx.task.id, head=True,
-                          data={"cut_seq": cp["cut"], "previous_cut": cp["after"]})
-        return Done({"cut": cp["cut"]})
 
 
 async def compaction_due(store: Store, conversation_id: int) -> bool:

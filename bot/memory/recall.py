@@ -1,30 +1,39 @@
-"""Relevant memories for a turn: what the full-history search finds, in the conversation's
-own scope, for the words of the newest message — but only what the context window no
-longer holds (older than the summary's cut, or said in another conversation of the same
-scope). Volatile, so it goes late in the context.
+"""Relevant memories for a turn: what the full-history search ranks best, in the
+conversation's own scope, for the newest message as a whole (a question in plain words:
+store/search.py weighs every word by how rare it is, stems them, and knows who said what) —
+but only what the context window no longer holds (older than the summary's cut, or said in
+another conversation of the same scope). Volatile, so it goes late in the context.
+
+At most `MAX_HITS` memories, `HIT_CHARS` each around the first matching word, `MAX_CHARS` in
+all; a hit scoring under `RELATIVE_FLOOR` of the best one kept is left out (it shares a
+word or two, not the topic), and a message without a word of three letters ("ok", "hi")
+recalls nothing.
 
 A fork is its own timeline: it recalls its own entries and its ancestors' up to the fork
 point, never what the parent said after the fork, nor a sibling or child fork's entries
 (other branches of the same family); conversations outside the family are recalled as
 usual. The search itself knows only scopes, so the family rule filters its results."""
 
-import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
+from bot.memory import embeddings as _embeddings
+from bot.memory.search import excerpt, remember
 from store import Conversation, Entry, Store
+from store.search import parse_query, query_terms
 
 MAX_HITS = 3
-SEARCH_PAGES = 3  # pages of hits looked through per word when a fork filters many out
+PAGE = MAX_HITS * 3  # hits read per search; up to SEARCH_PAGES when many are filtered out
+SEARCH_PAGES = 3
+HIT_CHARS = 400
 MAX_CHARS = 1500
-STOP = frozenset("this that with from have what when where which would could should about "
-                 "there their them they your yours please thanks".split())
+RELATIVE_FLOOR = 0.3
 
 
-def keywords(text: str, n: int = 3) -> list[str]:
-    """The few most telling words of a message (longest first): searched one by one,
-    because every word of a search must match."""
-    words = {w.lower() for w in re.findall(r"\w{4,}", text)} - STOP
-    return sorted(words, key=lambda w: (-len(w), w))[:n]
+def worth_searching(text: str) -> bool:
+    """Whether a message has something to look up: a word of three letters or more that is
+    not a stop word, a quoted text, or CJK."""
+    return any(t.cjk or t.quoted or len(t.text) >= 3 for t in query_terms(parse_query(text))
+               if not t.stop)
 
 
 class _Timeline:
@@ -82,34 +91,36 @@ class _Timeline:
 
 
 async def recall(store: Store, conversation: Conversation, text: str, *,
-                 in_window: set[int]) -> str:
+                 in_window: set[int], zone: tzinfo = UTC, at: float | None = None) -> str:
+    """The memories for `text`, one line each: "- date speaker: excerpt" (the date in
+    `zone`, the asker's; a time phrase of the message is read there as of `at`)."""
     if not conversation.head_seq and conversation.parent_id is None:
         # Nothing has left this conversation's window yet; other conversations of the
         # scope are only looked at once it has history of its own to lose.
         return ""
+    if not worth_searching(text):
+        return ""
     timeline = _Timeline(store, conversation)
-    found = {}
-    for word in keywords(text):
-        kept = 0
-        for page in range(SEARCH_PAGES):
-            hits = await store.search(word, scopes=[conversation.scope], limit=MAX_HITS * 3,
-                                      offset=page * MAX_HITS * 3, context=0)
-            for hit in hits:
-                e = hit.entry
-                if e.id in in_window or e.kind == "compaction":
-                    continue
-                if not await timeline.allows(e):
-                    continue
-                kept += 1
-                if e.id not in found or found[e.id][0] < hit.score:
-                    found[e.id] = (hit.score, hit)
-            if kept >= MAX_HITS or len(hits) < MAX_HITS * 3:
-                break
+    kept = []
+    for page in range(SEARCH_PAGES):
+        hits = await remember(store, text, scopes=[conversation.scope], limit=PAGE,
+                              offset=page * PAGE, context=0, zone=zone, at=at,
+                              embedder=_embeddings.attached(store))
+        for hit in hits:
+            e = hit.entry
+            if e.id in in_window or e.kind == "compaction" or not e.text.strip():
+                continue
+            if await timeline.allows(e):
+                kept.append(hit)
+        if len(kept) >= MAX_HITS or len(hits) < PAGE:
+            break
     lines, used = [], 0
-    for _, hit in sorted(found.values(), key=lambda sh: -sh[0])[:MAX_HITS]:
+    for hit in kept[:MAX_HITS]:  # best first
+        if hit.score < RELATIVE_FLOOR * kept[0].score:
+            break
         e = hit.entry
-        when = datetime.fromtimestamp(e.created_at, UTC).strftime("%Y-%m-%d")
-        line = f"- {when} {e.author or e.kind}: {e.text[:400]}"
+        when = datetime.fromtimestamp(e.created_at, zone).strftime("%Y-%m-%d")
+        line = f"- {when} {e.author or e.kind}: {excerpt(e.text, text, HIT_CHARS)}"
         if used + len(line) > MAX_CHARS:
             break
         lines.append(line)

@@ -39,6 +39,6 @@ class TaskContext:
         (for example the partial output of a long effect), without ending the phase."""
         writes = writes or Writes()
         writes.update_task(TaskUpdate(self.task.id, self.owner, RUNNING, self.phase,
-                                      checkpoint=checkpoint))
+                                      checkpoint=checkpoint, progressed=False))
         await self.store.commit(writes)
         self.checkpoint = checkpoint

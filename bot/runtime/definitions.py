@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from bot.runtime.context import TaskContext
+from bot.runtime.errors import NotPerformed, Unavailable  # noqa: F401 (re-exported)
 from bot.runtime.killpoints import kill_point
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome
 
@@ -24,22 +25,16 @@ class Policy(enum.StrEnum):
     UNSAFE = "unsafe"  # never repeat blindly: reconcile, or report as interrupted
 
 
-class NotPerformed(Exception):
-    """Raised by an effect that knows the outside world saw nothing (its service is down,
-    say): retried with backoff for up to `outage_attempts` tries, even when unsafe."""
-
-
-class Unavailable(Exception):
-    """Raised by an effect (or its `reconcile`) when the service it needs is down and it
-    cannot tell whether the effect happened: retried with backoff for up to
-    `outage_attempts` tries, and an unsafe effect is reconciled again first."""
-
-
 class TaskDef(ABC):
     kind: ClassVar[str]
 
     @abstractmethod
     async def step(self, ctx: TaskContext) -> Outcome: ...
+
+    async def poisoned(self, ctx: TaskContext, reason: str) -> Outcome:
+        """How the task ends when running it keeps killing the process (the runner's
+        quarantine): failed with the reason, unless the kind knows someone to tell."""
+        return Fail(reason)
 
 
 class Effect(TaskDef):

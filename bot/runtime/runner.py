@@ -3,10 +3,21 @@
 One loop claims work up to `concurrency`; each claimed task runs in its own asyncio task,
 phase after phase, until it waits, ends or is handed back. Leases are renewed in the
 background; a worker that dies simply stops renewing, and its tasks become claimable.
+
+A process that dies is not its tasks' fault: deaths are counted apart from failures
+(`Task.crashes`, reset by every committed phase), and a run of restarts never dead-letters
+anything by itself. But an input that kills the process each time it runs (a poison) must
+still end, and must not take the other work in flight with it. So a task found holding a
+lease at `suspect_crashes` deaths runs alone (nothing else is claimed until its phase is
+over, and what the same claim brought along is handed back); and one that has died
+`crash_limit` times, the first at least `crash_window_seconds` ago, without committing a
+phase in between, is quarantined: its definition's `poisoned` ends it (an agent turn tells
+the person; others fail with the reason).
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -15,7 +26,8 @@ import time
 from dataclasses import dataclass
 
 from bot.runtime.context import TaskContext
-from bot.runtime.definitions import NotPerformed, Registry, Unavailable
+from bot.runtime.definitions import Registry
+from bot.runtime.errors import CUT_OFF, FAULT, POISON, NotPerformed, failure_kind
 from bot.runtime.killpoints import kill_point
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
 from store import (
@@ -34,7 +46,6 @@ from store import (
     Writes,
     new_id,
 )
-from store.errors import DocumentConflict
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,12 @@ class RunnerOptions:
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 300.0
     poll_seconds: float = 1.0
+    suspect_crashes: int = 3  # deaths a task was there for before it runs alone
+    suspect_defer_seconds: float = 30.0  # other ready work goes before it, this long
+    # Deaths, spanning crash_window_seconds, that make it a poison. Generous: SIGKILLed
+    # every few seconds for an hour (the chaos test), no innocent task may reach it.
+    crash_limit: int = 10
+    crash_window_seconds: float = 900.0
 
 
 class Runner:
@@ -60,6 +77,8 @@ class Runner:
         self.options = options or RunnerOptions()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
         self._inflight: dict[str, asyncio.Task] = {}
+        self._solo: str | None = None  # a suspect of killing the process, run alone
+        self._deferred: dict[str, float] = {}  # suspects put off for other work, since
         self._wake = asyncio.Event()
         self._stopping = False
 
@@ -124,17 +143,47 @@ class Runner:
 
     async def _claim(self) -> list[Task]:
         free = self.options.concurrency - len(self._inflight)
-        if free <= 0:
+        if free <= 0 or self._solo is not None:
             return []
         claimed = await self.store.claim_tasks(self.owner, free, self.options.lease_seconds)
+        claimed = await self._isolate_suspects(claimed)
         for task in claimed:
             job = asyncio.create_task(self._drive(task), name=f"task:{task.kind}:{task.id}")
             self._inflight[task.id] = job
             job.add_done_callback(lambda _j, tid=task.id: self._finished(tid))
         return claimed
 
+    async def _isolate_suspects(self, claimed: list[Task]) -> list[Task]:
+        """Of the tasks just claimed, those that were running when the process died more
+        than once (suspects of killing it) run alone, one at a time, the fewest deaths
+        first (dying beside a poison makes a task a suspect too). While other work is
+        ready it goes first, for up to `suspect_defer_seconds`: if a suspect is a poison,
+        what it would kill is done by then. The rest of the claim is handed back."""
+        o = self.options
+        suspects = sorted((t for t in claimed if t.crashes >= o.suspect_crashes),
+                          key=lambda t: (t.crashes, t.id))
+        if not suspects:
+            return claimed
+        others = [t for t in claimed if t.crashes < o.suspect_crashes]
+        if len(self._deferred) > 1000:  # put off, then finished elsewhere: forget them
+            self._deferred.clear()
+        first_seen = self._deferred.setdefault(suspects[0].id, time.monotonic())
+        if others and time.monotonic() - first_seen < o.suspect_defer_seconds:
+            await self.store.release_tasks(self.owner, [t.id for t in suspects],
+                                           run_after=time.time() + o.poll_seconds)
+            return others
+        solo = suspects[0]
+        await self.store.release_tasks(self.owner, [t.id for t in claimed if t is not solo])
+        self._deferred.pop(solo.id, None)
+        log.warning("task %s (%s) was running when %d lives of this process died; running "
+                    "it alone", solo.id, solo.kind, solo.crashes)
+        self._solo = solo.id
+        return [solo]
+
     def _finished(self, task_id: str) -> None:
         self._inflight.pop(task_id, None)
+        if self._solo == task_id:
+            self._solo = None
         self._wake.set()
 
     async def _anything_due_soon(self, horizon: float | None) -> bool:
@@ -178,6 +227,10 @@ class Runner:
 
     async def _drive(self, task: Task) -> None:
         ctx = TaskContext(self.store, task, owner=self.owner, claim=new_id())
+        if self._solo == task.id:  # alone: the work already in flight finishes first
+            others = [job for tid, job in self._inflight.items() if tid != task.id]
+            if others:
+                await asyncio.wait(others)
         try:
             await self._drive_phases(ctx)
         except LeaseLost as exc:
@@ -193,21 +246,23 @@ class Runner:
             await self._commit(ctx, self._update(
                 ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
             return
-        outage = (task.error or "").startswith(
-            (NotPerformed.__name__, Unavailable.__name__, DocumentConflict.__name__))
-        limit = self.options.outage_attempts if outage else self.options.max_attempts
-        if task.attempts > limit:
-            await self._commit(ctx, self._update(
-                ctx, FAILED, error=f"dead-lettered after {task.attempts - 1} attempts; "
-                f"last error: {task.error or 'the process died during the phase'}"))
+        if self._poisonous(task):
+            reason = (f"quarantined: the process died {task.crashes} times while running "
+                      f"it, over {time.time() - task.crashed_since:.0f} s")
+            log.error("task %s (%s) %s", task.id, task.kind, reason)
+            update = self._outcome_update(ctx, await definition.poisoned(ctx, reason))
+            if update.state == FAILED:
+                update = dataclasses.replace(update, failure=POISON)
+            await self._commit(ctx, update)
             return
-        attempt = task.attempts  # tries of the current phase, this one included
+        attempt = task.attempts + 1  # tries of the current phase, this one included
         while True:
             if self._stopping:
                 # Between phases: hand the task back untouched; it resumes from here.
                 await self._commit(ctx, self._update(ctx, PENDING, attempts=0))
                 return
             ctx.writes = Writes()  # each phase starts with nothing to write
+            kill_point("in-phase", f"{task.kind}.{ctx.phase}")
             try:
                 outcome = await definition.step(ctx)
             except LeaseLost:
@@ -237,9 +292,8 @@ class Runner:
     def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
         match outcome:
             case Continue(phase, checkpoint):
-                # The next phase starts now, in this claim: that is its first try.
-                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint,
-                                    attempts=1)
+                # The next phase starts now, in this claim: no try of it has failed yet.
+                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint)
             case Wait(phase, checkpoint, mode):
                 return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
                                     wait_mode=mode)
@@ -250,37 +304,40 @@ class Runner:
             case Done(result, inputs):
                 return self._update(ctx, DONE, result=result, inputs=inputs)
             case Fail(error, result):
-                return self._update(ctx, FAILED, error=error, result=result)
+                return self._update(ctx, FAILED, error=error, result=result, failure=FAULT)
             case Interrupted(result):
-                return self._update(ctx, INTERRUPTED, result=result,
+                return self._update(ctx, INTERRUPTED, result=result, failure=CUT_OFF,
                                     error="interrupted: the effect was cut off and is unsafe "
                                     "to repeat")
         raise TypeError(f"task step returned {outcome!r}, not an outcome")
 
+    def _poisonous(self, task: Task) -> bool:
+        o = self.options
+        return (task.crashes >= o.crash_limit and task.crashed_since is not None
+                and time.time() - task.crashed_since >= o.crash_window_seconds)
+
     async def _failed_attempt(self, ctx: TaskContext, exc: Exception, attempt: int) -> None:
         task = ctx.task
         error = f"{type(exc).__name__}: {exc}"
-        expected = NotPerformed | Unavailable | DocumentConflict
+        kind = failure_kind(exc)  # bot/runtime/errors.py
         log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
-                    error, exc_info=not isinstance(exc, expected))
-        checkpoint, limit = ctx.checkpoint, self.options.max_attempts
+                    error, exc_info=kind == FAULT)
+        checkpoint = ctx.checkpoint
         if isinstance(exc, NotPerformed):  # certainly nothing happened: no reconciling later
             checkpoint = {**(checkpoint or {}), "not_performed": True}
-            limit = self.options.outage_attempts
-        elif isinstance(exc, Unavailable):  # in doubt: the checkpoint keeps the doubt
-            limit = self.options.outage_attempts
-        elif isinstance(exc, DocumentConflict):
-            # Lost a race to another edit that landed: contention, not a fault, and bounded
-            # by how many edits there are. Allowed as many tries as an outage.
-            limit = self.options.outage_attempts
+        # An outage (Unavailable: the checkpoint keeps the doubt) or contention (lost a race
+        # to an edit that landed, bounded by how many edits there are) is no fault of the
+        # task's: as many tries as an outage.
+        limit = self.options.max_attempts if kind == FAULT else self.options.outage_attempts
         ctx.writes = Writes()  # the failed phase's writes are dropped
         if attempt >= limit:
             await self._commit(ctx, self._update(
-                ctx, FAILED, checkpoint=checkpoint,
+                ctx, FAILED, checkpoint=checkpoint, failure=kind,
                 error=f"dead-lettered after {attempt} attempts; last error: {error}"))
             return
         delay = min(self.options.retry_max_seconds,
                     self.options.retry_base_seconds * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
         await self._commit(ctx, self._update(ctx, PENDING, checkpoint=checkpoint, error=error,
-                                             run_after=time.time() + delay, attempts=attempt))
+                                             failure=kind, run_after=time.time() + delay,
+                                             attempts=attempt))

@@ -12,6 +12,7 @@ from pydantic import Field
 from bot.runtime import Policy
 from bot.scheduler.triggers import TriggerError, first_fire, from_ts, make_trigger
 from bot.tools import ToolContext, tool
+from bot.tools.permissions import SCHEDULES, SENDS, Asking
 from store import NotFound, Schedule, ScheduleWrite, new_id
 
 
@@ -38,7 +39,18 @@ def describe(s: Schedule) -> str:
            f"fired {s.fired}x; does: {s.prompt}"
 
 
-@tool(policy=Policy.SAFE)
+async def _needs_approval(asking: Asking, **args) -> str | None:
+    """Mail to someone outside the circle is sent only with the person's yes."""
+    address = args.get("email") or asking.asker
+    if args.get("action") != "create" or args.get("deliver_to") != "email" or not address:
+        return None
+    if asking.recipients.email_refusal(address, asker=asking.asker) is None \
+            or not asking.recipients.may_approve_email(address):
+        return None  # allowed anyway, or refused whatever the answer (the tool says why)
+    return f"email the results of the schedule {args.get('name')!r} to {address}"
+
+
+@tool(policy=Policy.SAFE, touches=frozenset({SCHEDULES, SENDS}), approval=_needs_approval)
 async def schedule(
     ctx: ToolContext,
     action: Literal["create", "list", "change", "cancel"],
@@ -145,19 +157,26 @@ async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
     if deliver_to == "here":
         return origin
     if deliver_to == "email":
-        owner = None
+        asker = None  # known by address only when asked by mail
         if ctx.conversation_id is not None and origin["channel"] == "email":
-            owner = (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
-        address = email or owner
-        if not address or "@" not in address:
+            asker = (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
+        address = email or asker
+        if not address:
             return "error: deliver_to=email needs an `email` address"
-        return {"channel": "email", "reply_to": {"to": address, "subject": name}}
-    where = origin["reply_to"]
-    if origin["channel"] != "slack" or not where.get("user"):
+        refusal = ctx.recipients.email_refusal(address, asker=asker)
+        if refusal is not None and not (ctx.approved
+                                        and ctx.recipients.may_approve_email(address)):
+            return f"error: not scheduled: {refusal}"
+        mail = ctx.channels.get("email")
+        if mail is None:
+            return "error: not scheduled: email is not enabled here"
+        return {"channel": "email", "reply_to": mail.address_of(address, subject=name)}
+    slack = ctx.channels.get("slack")
+    where = slack.direct_to(origin["reply_to"]) if slack is not None and \
+        origin["channel"] == "slack" else None
+    if where is None:
         return "error: deliver_to=slack_dm works from a Slack conversation only"
-    # Posting to a user id lands in the bot's direct messages with that user.
-    return {"channel": "slack", "reply_to": {"team": where.get("team"),
-                                             "channel": where["user"], "user": where["user"]}}
+    return {"channel": "slack", "reply_to": where}
 
 
 def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from bot.llm.types import ToolSpec
 from bot.runtime.definitions import NotPerformed, Policy
+from bot.tools.permissions import Recipients
 from store import Store, Writes
 
 __all__ = [
@@ -76,7 +77,11 @@ class ToolContext:
     - `idem_key`: the idempotency key reserved for `keyed` tools;
     - `http`: the shared HTTP client; `timezone`: the IANA timezone of the person the turn
       answers (their Slack profile's, stored with their message), else the configured one;
-    - `origin`: the channel and reply routing of the turn that called the tool.
+    - `origin`: the channel and reply routing of the turn that called the tool;
+    - `recipients`: whom a tool may send to (`bot.tools.permissions`); nobody by default;
+      `approved`: the person approved this call (an approval's wait ended with yes);
+    - `netguard`: which addresses web tools may reach (None: public ones only);
+    - `channels`: the delivery channels by name, which know their own addresses.
     """
 
     def __init__(self, *, store: Store, task_id: str, conversation_id: int | None = None,
@@ -84,7 +89,9 @@ class ToolContext:
                  writes: Writes | None = None, http: httpx.AsyncClient,
                  timezone: str = "UTC",
                  save_partial: Callable[[Any], Awaitable[None]] = _no_partial,
-                 origin: dict[str, Any] | None = None):
+                 origin: dict[str, Any] | None = None,
+                 recipients: Recipients | None = None, approved: bool = False,
+                 netguard: Any = None, channels: dict[str, Any] | None = None):
         self.store = store
         self.task_id = task_id
         self.conversation_id = conversation_id
@@ -97,6 +104,12 @@ class ToolContext:
         # Where the request came from: {"channel": ..., "reply_to": {...}} of the turn,
         # so a tool can route something back there later (a reminder, say).
         self.origin = origin or {}
+        self.recipients = recipients or Recipients()
+        self.approved = approved  # the person said yes to this very call
+        self.netguard = netguard  # what web tools may reach (`netguard.NetGuard`)
+        # The channels this process delivers through (bot.channels.Channel), by name: they
+        # say how to address someone new on them.
+        self.channels = channels or {}
 
     def __repr__(self) -> str:
         return (f"ToolContext(task_id={self.task_id!r}, "
@@ -284,6 +297,19 @@ class Tool:
     fn: Callable[..., Awaitable[Any]]
     reconcile_fn: Callable[..., Awaitable[tuple[bool, Any]]] | None = None
     _binder: _Binder | None = field(default=None, repr=False, compare=False)
+    # What it reaches (`bot.tools.permissions`: SENDS, SCHEDULES, READS_OUTSIDE, ...).
+    touches: frozenset[str] = frozenset()
+    # `approval_fn(asking, **arguments) -> str | None`: what the person must approve before
+    # this call runs (a summary), or None; `asking` is a `permissions.Asking`.
+    approval_fn: Callable[..., Awaitable[str | None]] | None = None
+    # `policy_fn(arguments) -> Policy`: for a tool whose policy depends on what it is asked
+    # to do (an MCP server's tools through one `mcp_call`); else `policy` holds for all.
+    policy_fn: Callable[[dict], Policy] | None = None
+
+    def policy_for(self, arguments: Any) -> Policy:
+        if self.policy_fn is None or not isinstance(arguments, dict):
+            return self.policy
+        return Policy(self.policy_fn(arguments))
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -293,6 +319,17 @@ class Tool:
             object.__setattr__(self, "_binder", _binder(self.fn, _model_name(self.name)))
         if self.reconcile_fn is not None and not inspect.iscoroutinefunction(self.reconcile_fn):
             raise TypeError(f"tool {self.name!r}: reconcile must be an async function")
+
+    async def approval(self, asking: Any, arguments: dict) -> str | None:
+        """The tool's own reason to ask first (see `approval_fn`); arguments that do not
+        validate need none: the call will only return an error."""
+        if self.approval_fn is None:
+            return None
+        values = self._validate(arguments)
+        if isinstance(values, ToolResult):
+            return None
+        return await self.approval_fn(asking, **{p: getattr(values, f)
+                                                 for p, f in self._binder.names.items()})
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description,
@@ -344,11 +381,13 @@ def _model_name(name: str) -> str:
 
 def tool(fn: Callable | None = None, *, name: str | None = None,
          description: str | None = None, policy: Policy | str = Policy.UNSAFE,
-         reconcile: Callable | None = None) -> Any:
+         reconcile: Callable | None = None, touches: frozenset[str] = frozenset(),
+         approval: Callable | None = None) -> Any:
     """Make a `Tool` of a typed async function; usable bare (`@tool`) or with options.
 
     The name defaults to the function's, the description to the first paragraph of its
-    docstring, the policy to `unsafe`. `reconcile` is called like the function itself."""
+    docstring, the policy to `unsafe`. `reconcile` is called like the function itself;
+    `touches` and `approval` feed the permission rules (`bot.tools.permissions`)."""
 
     def make(f: Callable) -> Tool:
         tool_name = name or f.__name__
@@ -358,7 +397,7 @@ def tool(fn: Callable | None = None, *, name: str | None = None,
                              "description=...)")
         binder = _binder(f, _model_name(tool_name))
         return Tool(tool_name, text, _schema(binder.model), Policy(policy), f, reconcile,
-                    binder)
+                    binder, frozenset(touches), approval)
 
     return make(fn) if fn is not None else make
 
@@ -371,6 +410,7 @@ class ToolBox:
 
     def __init__(self, *tools: Tool):
         self._tools: dict[str, Tool] = {}
+        self.custom: set[str] = set()  # loaded from `[agent] tool_modules`
         for t in tools:
             self.register(t)
 
@@ -416,4 +456,5 @@ class ToolBox:
                 self.register(t)
             except ValueError as exc:
                 raise ToolModuleError(f"tool module {dotted_name!r}: {exc}") from None
+            self.custom.add(t.name)
         return sorted({t.name for t in found})

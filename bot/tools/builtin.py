@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import zlib
 from datetime import datetime
 from html.parser import HTMLParser
 from typing import Annotated, Literal
@@ -14,7 +15,10 @@ from pydantic import Field
 
 from bot.runtime.definitions import Policy
 from bot.tools.base import Tool, ToolContext, tool
+from bot.tools.guarded_http import guarded_client
 from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id
+from bot.tools.netguard import NetGuard
+from bot.tools.permissions import NETWORK, READS_OUTSIDE
 from store import NotFound, conversation_namespace
 from store.documents import Draft
 
@@ -52,6 +56,8 @@ async def current_time(
 HTTP_TIMEOUT = 15.0
 MAX_REDIRECTS = 5
 MAX_BYTES_CAP = 1_000_000
+ACCEPT_ENCODING = "gzip, deflate"  # what _Inflate decodes, a bounded piece at a time
+PUBLIC_ONLY = NetGuard()  # no [agent] http_allow: public addresses only
 _WHITESPACE = re.compile(r"\s+")
 _SKIPPED = frozenset({"script", "style", "noscript", "template", "svg"})
 _BLOCKS = frozenset({
@@ -100,26 +106,82 @@ def html_to_text(html: str) -> str:
 
 
 async def _fetch(http: httpx.AsyncClient, url: str, max_bytes: int):
-    """(response, body, truncated) after following up to MAX_REDIRECTS redirects; reads at
-    most max_bytes of the body (plus one chunk) into memory."""
+    """(response, body, truncated) after following up to MAX_REDIRECTS redirects, each hop
+    through the guarded client; at most max_bytes of the decoded body are read."""
     for _ in range(MAX_REDIRECTS + 1):
         _check_scheme(url)
-        async with http.stream("GET", url, timeout=HTTP_TIMEOUT,
-                               follow_redirects=False) as response:
+        async with http.stream("GET", url, headers={"Accept-Encoding": ACCEPT_ENCODING},
+                               timeout=HTTP_TIMEOUT) as response:
             location = response.headers.get("location")
             if response.is_redirect and location:
                 url = str(response.url.join(location))
                 continue
-            body = bytearray()
-            truncated = False
-            async for chunk in response.aiter_bytes(chunk_size=64 * 1024):
-                body += chunk
-                if len(body) > max_bytes:
-                    del body[max_bytes:]
-                    truncated = True
-                    break  # leaving the block closes the connection: the rest is never read
-            return response, bytes(body), truncated
+            body, truncated = await _read_body(response, max_bytes)
+            # leaving the block closes the connection: the rest is never read
+            return response, body, truncated
     raise ValueError(f"more than {MAX_REDIRECTS} redirects")
+
+
+async def _read_body(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
+    """The body decoded, cut at max_bytes: decompression stops there too (a few KB of gzip
+    can inflate to gigabytes), so memory stays within max_bytes plus one raw chunk."""
+    inflate = _Inflate.for_encoding(response.headers.get("content-encoding", ""))
+    body = bytearray()
+    async for raw in response.aiter_raw(chunk_size=64 * 1024):
+        while raw and len(body) <= max_bytes:
+            if inflate is None:
+                body += raw[:max_bytes + 1 - len(body)]
+                break
+            out, raw = inflate.take(raw, max_bytes + 1 - len(body))
+            body += out
+        if len(body) > max_bytes:
+            del body[max_bytes:]
+            return bytes(body), True
+    return bytes(body), False
+
+
+class _Inflate:
+    """gzip or deflate, decoded a bounded piece at a time (httpx's own decoders inflate a
+    whole network chunk at once, however large that makes it)."""
+
+    GZIP, ZLIB, RAW = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS, -zlib.MAX_WBITS
+
+    def __init__(self, wbits: int, name: str):
+        self.wbits, self.name = wbits, name
+        self._z = zlib.decompressobj(wbits)  # None between gzip members
+        self._started = False
+
+    @classmethod
+    def for_encoding(cls, header: str) -> _Inflate | None:
+        codings = [c.strip().lower() for c in header.split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if not codings:
+            return None
+        if codings in (["gzip"], ["x-gzip"]):
+            return cls(cls.GZIP, "gzip")
+        if codings == ["deflate"]:
+            return cls(cls.ZLIB, "deflate")
+        raise ValueError(f"cannot decode content-encoding {header.strip()!r}")
+
+    def take(self, data: bytes, limit: int) -> tuple[bytes, bytes]:
+        """At most `limit` (>= 1) decoded bytes of `data`, and the input not used yet."""
+        if self._z is None:  # between gzip members, or past the end of the stream
+            if self.wbits != self.GZIP or data[:1] != b"\x1f":
+                return b"", b""  # what follows the end of the stream is not body
+            self._z = zlib.decompressobj(self.GZIP)  # the next member
+        try:
+            out = self._z.decompress(data, limit)
+        except zlib.error:
+            if self.wbits != self.ZLIB or self._started:
+                raise ValueError(f"the body is not valid {self.name} data") from None
+            # "deflate" as some servers send it: without the zlib wrapper
+            self.wbits, self._z = self.RAW, zlib.decompressobj(self.RAW)
+            return self.take(data, limit)
+        self._started = True
+        if not self._z.eof:
+            return out, self._z.unconsumed_tail
+        rest, self._z = self._z.unused_data, None
+        return out, rest
 
 
 def _check_scheme(url: str) -> None:
@@ -135,7 +197,7 @@ def _decode(body: bytes, charset: str | None) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-@tool(policy=Policy.SAFE)
+@tool(policy=Policy.SAFE, touches=frozenset({NETWORK, READS_OUTSIDE}))
 async def http_get(
     ctx: ToolContext,
     url: Annotated[str, Field(description="an http:// or https:// URL")],
@@ -144,12 +206,16 @@ async def http_get(
         ge=1)] = 100_000,
 ) -> str:
     """Fetch a web page or file with an HTTP GET and return its status, final URL, content
-    type and text (HTML is reduced to readable text)."""
+    type and text (HTML is reduced to readable text). Only public addresses can be reached
+    (and LAN hosts the owner allowed)."""
     _check_scheme(url)
     max_bytes = min(max_bytes, MAX_BYTES_CAP)
+    # Not ctx.http: this client connects only to addresses the guard allows, and to the
+    # very address it checked.
+    guard = ctx.netguard or PUBLIC_ONLY
     try:
-        async with asyncio.timeout(HTTP_TIMEOUT):
-            response, body, truncated = await _fetch(ctx.http, url, max_bytes)
+        async with asyncio.timeout(HTTP_TIMEOUT), guarded_client(guard) as http:
+            response, body, truncated = await _fetch(http, url, max_bytes)
     except TimeoutError:
         raise TimeoutError(f"no complete response within {HTTP_TIMEOUT:g} s") from None
     content_type = response.headers.get("content-type", "")

@@ -16,8 +16,8 @@
                 that answers no mail) and its deterministic Message-ID
     smtp        aiosmtplib sending with a hook before DATA
     channel     EmailChannel: send with the Sent journal, find after a crash
+    config      the [email] section; mbox: the `steward import --format mbox` reader
+    errors      what goes wrong with mail, in one tree
+
+Nothing is imported here, so the config model loads without the connector.
 """
-
-from connectors.email.connector import EmailConnector
-
-__all__ = ["EmailConnector"]

@@ -1,43 +1,47 @@
 """Email as a delivery channel: the answer goes out as a threaded reply, and Sent is the
 journal that tells, after a crash, whether it already went.
 
-    1. SMTP envelope accepted (MAIL, RCPT)        kill point `smtp-connected`
-    2. the reply is appended to Sent, flagged `$StewardSending`
-    3. NOOP (still there?), then DATA             kill point `smtp-sent`
-    4. the flag is removed: the Sent copy is final   kill point `sent-appended`
+    1. SMTP envelope accepted (MAIL, RCPT)          kill point `smtp-connected`
+    2. the reply is appended to Sent, flagged `$StewardQueued`   kill point `smtp-journaled`
+    3. NOOP (still there?); DATA and the message's lines   kill point `smtp-data`;
+       the copy is flagged `$StewardSending`; the final dot and the server's answer
+                                                    kill point `smtp-sent` after it
+    4. the flags are removed: the Sent copy is final   kill point `sent-appended`
 
 `find` (asked after a crash mid-send, or after a send in doubt) looks the Message-ID up in
-Sent. Absent: the crash came before step 2, so DATA was never sent (an SMTP server drops a
-transaction whose client went away before the final dot) and the message is sent now.
-Present and final: sent. Present and still flagged: the crash came between 2 and 4, which
-cannot be told apart from here; it is taken as sent, because a message sent twice is what
-must never happen, and logged. The window where that guess is wrong is the DATA exchange
-itself (step 2 to the server's answer to DATA).
+Sent. Absent, or only queued: the crash came before the final dot, and an SMTP server
+drops a transaction whose client went away before it, so the message was not sent: a
+queued copy is removed and the message is sent now. Present and final: sent. Present and
+flagged as sending: the crash came after the flag, set just before the dot, and before
+step 4; it is taken as sent (the server had the whole message), because a message sent
+twice is what must never happen, and logged. The window where that guess can be wrong is
+the few instructions between the flag and the dot leaving this process.
 
 How a send that fails without a crash ends, in the runtime's terms:
 - certainly not sent (IMAP or SMTP unreachable, the envelope or the data refused, the
-  SMTP connection gone before DATA): the journal copy, if any, is removed and
+  SMTP connection gone before the dot): the journal copy, if any, is removed and
   `NotPerformed` is raised: tried again later;
-- the connection died during DATA (`smtp.InDoubt`): the copy stays flagged and
-  `Unavailable` is raised, so the delivery is reconciled before anything else: `find` sees
-  the flagged copy and takes it as sent in doubt, exactly as after a crash, never twice;
+- the connection died after the dot, before the answer (`smtp.InDoubt`): the copy stays
+  flagged and `Unavailable` is raised, so the delivery is reconciled before anything else:
+  `find` sees the flagged copy and takes it as sent in doubt, as after a crash, never twice;
 - IMAP down while `find` looks: `Unavailable`, retried for the outage budget.
 """
 
+import contextlib
 import logging
 import ssl
+from typing import Any
 
-from bot.channels import Outbound
-from bot.config import EmailConfig
-from bot.runtime import NotPerformed, Unavailable
-from bot.runtime.killpoints import kill_point
+from bot.port import NotPerformed, Outbound, Unavailable, kill_point
 from connectors.email import smtp
+from connectors.email.config import EmailConfig
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession
 from connectors.email.reply import build_reply, reply_message_id
 
 log = logging.getLogger(__name__)
 
-SENDING = "$StewardSending"
+QUEUED = "$StewardQueued"  # journaled, DATA not begun: not sent
+SENDING = "$StewardSending"  # DATA begun: in doubt until the flag is removed
 
 
 class EmailChannel:
@@ -46,10 +50,16 @@ class EmailChannel:
     def __init__(self, config: EmailConfig, *, open_session, smtp_password: str | None,
                  sender_name: str, ssl_context: ssl.SSLContext | None = None):
         self.config = config
+        self.circle = tuple(config.allowed_senders)  # bot.tools.permissions: may be mailed
         self.open_session = open_session  # () -> ImapSession (not yet opened)
         self.smtp_password = smtp_password
         self.sender_name = sender_name
         self.ssl_context = ssl_context
+
+    @staticmethod
+    def address_of(address: str, *, subject: str) -> dict[str, Any]:
+        """A new thread to `address` (a scheduled job's answers, say)."""
+        return {"to": address, "subject": subject}
 
     async def send(self, message: Outbound) -> dict:
         message_id, data = build_reply(message, address=self.config.address,
@@ -69,21 +79,29 @@ class EmailChannel:
     async def _send(self, imap: ImapSession, message_id: str, data: bytes,
                     recipient: str) -> dict:
         sent = self.config.sent_mailbox
-        journaled = False
+        journaled: list[int] = []  # the copy's uid
+        appended = False
 
         async def journal():
-            nonlocal journaled
+            nonlocal appended
             kill_point("smtp-connected", "email")
-            await imap.append(sent, data, f"\\Seen {SENDING}")
-            journaled = True
+            await imap.append(sent, data, f"\\Seen {QUEUED}")
+            appended = True
+            journaled[:] = await self._copies(imap, message_id)
+            kill_point("smtp-journaled", "email")
+
+        async def sending():  # the last thing before the final dot
+            kill_point("smtp-data", "email")  # the lines are sent, the dot is not
+            for uid in journaled:
+                await imap.set_flags(uid, SENDING, add=True)
 
         try:
             answer = await smtp.send(self.config, self.smtp_password,
                                      sender=self.config.address, recipients=[recipient],
-                                     data=data, before_data=journal,
+                                     data=data, before_data=journal, at_data=sending,
                                      ssl_context=self.ssl_context)
         except smtp.NotSent as exc:
-            if journaled:
+            if appended:
                 await self._drop_journal(imap, message_id)
             raise NotPerformed(f"SMTP: {exc}") from exc
         except smtp.InDoubt as exc:
@@ -93,8 +111,11 @@ class EmailChannel:
                         "gone out: %s", message_id, exc)
             raise Unavailable(f"SMTP connection lost during DATA, sent in doubt: {exc}") \
                 from exc
-        except (*CONNECTION_ERRORS, ImapError) as exc:  # the journal append failed
-            raise NotPerformed(f"IMAP append to {sent} failed: {exc}") from exc
+        except (*CONNECTION_ERRORS, ImapError) as exc:  # journaling failed: DATA never began
+            if appended:  # a copy left behind is only queued: `find` takes it as not sent
+                with contextlib.suppress(*CONNECTION_ERRORS, ImapError, RuntimeError):
+                    await self._drop_journal(imap, message_id)
+            raise NotPerformed(f"IMAP journal in {sent} failed: {exc}") from exc
         kill_point("smtp-sent", "email")
         try:
             await self._finalise(imap, message_id)
@@ -116,7 +137,7 @@ class EmailChannel:
 
     async def _finalise(self, imap: ImapSession, message_id: str) -> None:
         for uid in await self._copies(imap, message_id):
-            await imap.set_flags(uid, SENDING, add=False)
+            await imap.set_flags(uid, f"{QUEUED} {SENDING}", add=False)
 
     async def _drop_journal(self, imap: ImapSession, message_id: str) -> None:
         try:
@@ -131,17 +152,26 @@ class EmailChannel:
         message_id = reply_message_id(message, self.config.address)
         try:
             async with self.open_session() as imap:
-                uids = await self._copies(imap, message_id)
-                if not uids:
+                copies = {uid: await imap.flags(uid)
+                          for uid in await self._copies(imap, message_id)}
+                queued = [u for u, flags in copies.items()
+                          if QUEUED in flags and SENDING not in flags]
+                if len(queued) == len(copies):
+                    # Journaled, but DATA never began: not sent. The stale copies go, so
+                    # the send that follows leaves exactly one.
+                    for uid in queued:
+                        await imap.delete(uid)
                     return None
-                flagged = [u for u in uids if SENDING in await imap.flags(u)]
-                in_doubt = len(flagged) == len(uids)
+                in_doubt = all(SENDING in flags for flags in copies.values())
                 if in_doubt:
                     log.warning("email: message <%s> was being sent when it was cut off; "
                                 "it is taken as sent and not repeated (its copy is in %s)",
                                 message_id, self.config.sent_mailbox)
-                for uid in flagged:
-                    await imap.set_flags(uid, SENDING, add=False)
+                for uid, flags in copies.items():
+                    if uid in queued:
+                        await imap.delete(uid)
+                    elif flags & {QUEUED, SENDING}:
+                        await imap.set_flags(uid, f"{QUEUED} {SENDING}", add=False)
         except (*CONNECTION_ERRORS, ImapError) as exc:
             raise Unavailable(f"IMAP unavailable to look for <{message_id}> in "
                               f"{self.config.sent_mailbox}: {exc}") from exc

@@ -1,12 +1,12 @@
 """The email connector: a mailbox watcher feeding the agent, and the channel its answers
-go out through. Built by the application wiring as `EmailConnector(config, deps)`."""
+go out through. Built by the composition root as `EmailConnector(config, port)`."""
 
 import asyncio
 import logging
 import ssl
+from typing import Any
 
-from bot.agent.deps import AgentDeps
-from bot.config import Config
+from bot.port import AgentPort
 from connectors.email.channel import EmailChannel
 from connectors.email.imap import ImapSession
 from connectors.email.intake import Intake
@@ -15,6 +15,7 @@ from connectors.email.watcher import Watcher
 log = logging.getLogger(__name__)
 
 STOP_SECONDS = 15.0
+FIRST_CONNECT_SECONDS = 2.0  # start() waits this long to say whether the mailbox is up
 MIN_MESSAGE_LIMIT = 25_000_000  # bytes; bigger mail is quarantined unread
 
 
@@ -26,7 +27,7 @@ def message_limit(max_attachment_bytes: int) -> int:
 class EmailConnector:
     name = "email"
 
-    def __init__(self, config: Config, deps: AgentDeps, *,
+    def __init__(self, config: Any, port: AgentPort, *,
                  ssl_context: ssl.SSLContext | None = None,
                  max_message_bytes: int | None = None):
         email = config.email
@@ -43,7 +44,7 @@ class EmailConnector:
         self.channel = EmailChannel(email, open_session=open_session,
                                     smtp_password=smtp_password, sender_name=config.agent.name,
                                     ssl_context=ssl_context)
-        self.intake = Intake(deps.store, email, wake=lambda: deps.wake())
+        self.intake = Intake(port, email)
         self.watcher = Watcher(
             self.intake, open_session, mailbox=email.mailbox, idle_seconds=email.idle_seconds,
             poll_seconds=email.poll_seconds,
@@ -51,9 +52,20 @@ class EmailConnector:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
 
+    @property
+    def up(self) -> bool:
+        """Whether an IMAP session is open now (`steward run` says so at start)."""
+        return self.watcher.connected.is_set()
+
     async def start(self) -> None:
+        """Begin watching the mailbox; a server that cannot be reached is asked again with
+        backoff, for ever (a home server may boot before its network)."""
         self._stop.clear()
         self._task = asyncio.create_task(self.watcher.run(self._stop), name="email-watcher")
+        try:
+            await asyncio.wait_for(self.watcher.connected.wait(), FIRST_CONNECT_SECONDS)
+        except TimeoutError:
+            pass
         log.info("email: connector started for %s", self.config.address)
 
     async def stop(self) -> None:

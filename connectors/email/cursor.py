@@ -1,5 +1,6 @@
 """Where Steward is in a mailbox: the IMAP `(UIDVALIDITY, UID)` cursor, kept as a versioned
-document (history `latest`) and moved in the same commit that stores the message it passes.
+document (history `latest`, the port's `Position`) and moved in the same commit that
+stores the message it passes.
 
 `backlog` lists UIDs at or below `uid` that still have to be taken: the unread mail found
 on the very first start, and after a UIDVALIDITY change the mail that may be new (the rest
@@ -9,7 +10,7 @@ is recognised by Message-ID). `at` is when the cursor last moved.
 import time
 from dataclasses import dataclass, field, replace
 
-from store import NotFound, Store, Writes
+from bot.port import AgentPort, Position
 
 
 def namespace(address: str) -> str:
@@ -44,15 +45,11 @@ class Cursor:
                    tuple(int(u) for u in value.get("backlog", [])), float(value.get("at", 0)))
 
 
-async def load(store: Store, address: str, mailbox: str) -> Cursor | None:
-    try:
-        doc = await store.read_document(namespace(address), document_name(mailbox))
-    except NotFound:
-        return None
-    return Cursor.from_json(doc.value) if doc.value else None
+async def load(port: AgentPort, address: str, mailbox: str) -> Cursor | None:
+    value = await port.position(namespace(address), document_name(mailbox))
+    return Cursor.from_json(value) if value else None
 
 
-def save(writes: Writes, address: str, mailbox: str, cursor: Cursor) -> None:
-    writes.edit_document(namespace(address), document_name(mailbox),
-                         [{"op": "set", "path": [], "value": cursor.to_json()}],
-                         history="latest", fork_policy="current")
+def position(address: str, mailbox: str, cursor: Cursor) -> Position:
+    """The cursor as the port keeps it, moved with the message it passes."""
+    return Position(namespace(address), document_name(mailbox), cursor.to_json())

@@ -11,34 +11,13 @@ from dataclasses import dataclass
 
 from aioimaplib import aioimaplib
 
+from connectors.email.errors import ImapError
+
 CONNECTION_ERRORS = (OSError, TimeoutError, aioimaplib.AioImapException, EOFError)
 EXISTS = re.compile(rb"^\* \d+ EXISTS")
 FETCH_UID = re.compile(rb"UID (\d+)")
 FETCH_SIZE = re.compile(rb"RFC822\.SIZE (\d+)")
 FLAGS = re.compile(rb"FLAGS \(([^)]*)\)")
-
-
-# RFC 5530 response codes that say the server (its storage, a lock, a limit, a bug of its
-# own) is in trouble now, rather than that the request or the message is bad.
-OUTAGE_CODES = frozenset({"UNAVAILABLE", "INUSE", "LIMIT", "SERVERBUG"})
-RESPONSE_CODE = re.compile(r"\b(?:NO|BAD) \[([A-Za-z0-9-]+)")
-
-
-class ImapError(Exception):
-    """The server said NO or BAD. `code`: the response code of its answer (RFC 5530, e.g.
-    "UNAVAILABLE"), if it gave one; read from the text when not given."""
-
-    def __init__(self, text: str, code: str | None = None):
-        super().__init__(text)
-        if code is None and (found := RESPONSE_CODE.search(text)):
-            code = found.group(1)
-        self.code = code.upper() if code else None
-
-    @property
-    def outage(self) -> bool:
-        """The server says it cannot do this now (storage down, in use, a limit, its own
-        bug), which may be the whole mailbox's trouble rather than the message's."""
-        return self.code in OUTAGE_CODES
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,14 @@ import asyncio
 import hashlib
 import logging
 
-from bot.agent.inbox import submit_message
-from bot.config import EmailConfig
-from bot.runtime.killpoints import kill_point
+from bot.port import AgentPort, Kept, kill_point
 from connectors.email import cursor as cursors
+from connectors.email.config import EmailConfig
 from connectors.email.headers import MSG_ID
 from connectors.email.parse import Mail, Unparsable, parse_mail
 from connectors.email.policy import refusal
 from connectors.email.render import render
 from connectors.email.threads import CHANNEL, chain, conversation_key
-from store import Store, Writes, conversation_namespace
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +24,9 @@ MAX_REFERENCES = 20
 
 
 class Intake:
-    def __init__(self, store: Store, config: EmailConfig, wake=lambda: None):
-        self.store = store
+    def __init__(self, port: AgentPort, config: EmailConfig):
+        self.port = port
         self.config = config
-        self.wake = wake
         self.domain = config.address.rpartition("@")[2].lower()
 
     async def take(self, cursor: cursors.Cursor, uid: int,
@@ -40,7 +37,7 @@ class Intake:
         moved = cursor.past(uid)
         imap_id = f"imap:{cursor.uidvalidity}:{uid}"
         if raw is None:
-            await self._commit(Writes(), moved)
+            await self.port.advance(self._at(moved))
             return "gone", moved
         kill_point("email-fetched", "email")
         try:
@@ -58,18 +55,22 @@ class Intake:
             log.exception("email: safety check failed on %s", imap_id)
             return await self._quarantine(moved, imap_id, raw, f"safety check failed: {exc}"), moved
         if reason is not None:
-            w = Writes()
-            w.submit(CHANNEL, *ids, payload={"skipped": reason, "from": mail.sender,
-                                             "subject": mail.subject[:200]})
-            outcome = await self._commit(w, moved, "skipped")
+            new = await self.port.skip(CHANNEL, ids, {"skipped": reason, "from": mail.sender,
+                                                      "subject": mail.subject[:200]},
+                                       at=self._at(moved))
+            outcome = "skipped" if new else self._taken_before()
             log.info("email: %s from %s not answered: %s", imap_id, mail.sender, reason)
             return outcome, moved
         return await self._accept(mail, ids, digest, moved), moved
 
     async def commit_cursor(self, cursor: cursors.Cursor) -> None:
-        w = Writes()
-        cursors.save(w, self.config.address, self.config.mailbox, cursor)
-        await self.store.commit(w)
+        await self.port.advance(self._at(cursor))
+
+    async def cursor(self, mailbox: str) -> cursors.Cursor | None:
+        return await cursors.load(self.port, self.config.address, mailbox)
+
+    def _at(self, cursor: cursors.Cursor):
+        return cursors.position(self.config.address, self.config.mailbox, cursor)
 
     async def unreadable(self, cursor: cursors.Cursor, uid: int, reason: str, *,
                          raw: bytes = b""):
@@ -89,10 +90,12 @@ class Intake:
 
     async def _accept(self, mail: Mail, ids: list[str], digest: str,
                       moved: cursors.Cursor) -> str:
-        key = await conversation_key(self.store, mail, self.domain)
+        key = await conversation_key(self.port, mail, self.domain)
+        kept = await self._keep(mail)  # stored before the commit that refers to them
+        kill_point("email-kept", "email")
         try:
             rendered = render(mail, doc_prefix=f"email-attachment:{digest[:24]}",
-                              max_attachment_bytes=self.config.max_attachment_bytes)
+                              max_attachment_bytes=self.config.max_attachment_bytes, kept=kept)
         except Exception as exc:  # a bug must not block the mailbox
             log.exception("email: rendering failed on %s", ids[1])
             return await self._quarantine(moved, ids[1], b"", f"rendering failed: {exc}")
@@ -101,43 +104,36 @@ class Intake:
             references = references[:1] + references[-(MAX_REFERENCES - 1):]
         reply_to = {"to": mail.sender, "to_name": mail.sender_name, "subject": mail.subject,
                     "message_id": mail.message_id, "references": references}
-        def attachments_and_cursor(conversation, w: Writes) -> None:
-            for name, value in rendered.documents:
-                w.edit_document(conversation_namespace(conversation.id), name,
-                                [{"op": "set", "path": [], "value": value}], history="latest",
-                                fork_policy="current", conversation_id=conversation.id)
-            cursors.save(w, self.config.address, self.config.mailbox, moved)
-
-        accepted = await submit_message(
-            self.store, channel=CHANNEL, external_ids=ids, conversation_key=key,
-            text=rendered.text, author=mail.sender, owner=mail.sender, reply_to=reply_to,
-            data=rendered.data, extra=attachments_and_cursor)
-        if accepted.duplicate:
-            return await self._commit(Writes(), moved, "duplicate")
+        accepted = await self.port.submit(
+            channel=CHANNEL, external_ids=ids, conversation_key=key, text=rendered.text,
+            author=mail.sender, owner=mail.sender, reply_to=reply_to, data=rendered.data,
+            files=rendered.documents, at=self._at(moved))
+        if accepted.duplicate:  # taken before, or an answer to an approval: no turn
+            return "duplicate"
         log.info("email: %s from %s accepted into %s", ids[1], mail.sender, key)
-        self.wake()
         return "accepted"
+
+    async def _keep(self, mail: Mail) -> list[Kept | None]:
+        """Each attachment within the cap read and stored (an image for the model, a
+        document's text); bad files come back as notes, never as errors."""
+        return [None if att.data is None else
+                await self.port.keep(att.data, name=att.filename, media_type=att.content_type)
+                for att in mail.attachments]
 
     async def _quarantine(self, moved: cursors.Cursor, imap_id: str, raw: bytes,
                           reason: str) -> str:
-        w = Writes()
         payload = {"size": len(raw), "head": raw[:2000].decode("utf-8", "replace")}
-        w.quarantine(CHANNEL, imap_id, reason, payload)
+        ids = [imap_id]
         found = MSG_ID.search(_message_id_line(raw))
         if found:  # recognised again after a UIDVALIDITY change
-            w.quarantine(CHANNEL, f"msgid:{found.group(1)[:400]}", reason, payload)
-        outcome = await self._commit(w, moved, "quarantined")
-        if outcome == "quarantined":
-            log.warning("email: %s quarantined: %s", imap_id, reason)
-        return outcome
+            ids.append(f"msgid:{found.group(1)[:400]}")
+        if not await self.port.quarantine(CHANNEL, ids, reason, payload, at=self._at(moved)):
+            return self._taken_before()
+        log.warning("email: %s quarantined: %s", imap_id, reason)
+        return "quarantined"
 
-    async def _commit(self, w: Writes, moved: cursors.Cursor, outcome: str = "gone") -> str:
-        cursors.save(w, self.config.address, self.config.mailbox, moved)
-        if not (await self.store.commit(w)).duplicate:
-            return outcome
-        only = Writes()  # taken before: the cursor still moves past it
-        cursors.save(only, self.config.address, self.config.mailbox, moved)
-        await self.store.commit(only)
+    def _taken_before(self) -> str:
+        """The port moved the cursor past it all the same."""
         log.info("email: a message of %s was taken before (same Message-ID): not again",
                  self.config.mailbox)
         return "duplicate"

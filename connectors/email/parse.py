@@ -19,6 +19,7 @@ from inscriptis import get_text
 
 from connectors.email import headers
 from connectors.email.charsets import decode
+from connectors.email.errors import Unparsable
 
 MAX_PARTS = 200
 MAX_DEPTH = 20
@@ -28,10 +29,6 @@ TEXTY_TYPES = {"application/json", "application/xml", "application/x-yaml", "app
 TEXTY_EXTENSIONS = {".txt", ".md", ".csv", ".tsv", ".json", ".log", ".yaml", ".yml", ".xml",
                     ".ini", ".toml", ".py", ".sh", ".js", ".ts", ".sql", ".html", ".htm",
                     ".rst", ".org", ".tex"}
-
-
-class Unparsable(Exception):
-    """The message cannot be read well enough to be answered; `str()` is the reason."""
 
 
 @dataclass

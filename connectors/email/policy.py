@@ -7,8 +7,8 @@ asked to, only mail whose Authentication-Results says it really comes from them.
 
 import re
 
-from bot.config import EmailConfig
-from connectors.email import headers
+from connectors.email import authres, headers
+from connectors.email.config import EmailConfig
 from connectors.email.parse import Mail
 
 DAEMONS = re.compile(r"^(mailer-daemon|postmaster|listserv|majordomo|owner-.+|.+-request"
@@ -20,7 +20,7 @@ AUTO_HEADERS = ("X-Autoreply", "X-Autorespond", "X-Auto-Response")
 def refusal(mail: Mail, config: EmailConfig) -> str | None:
     reason = own_mail(mail, config) or automatic(mail) or not_allowed(mail, config)
     if reason is None and config.require_auth_results:
-        reason = unauthenticated(mail)
+        reason = unauthenticated(mail, config.authserv_id)
     return reason
 
 
@@ -71,28 +71,26 @@ def not_allowed(mail: Mail, config: EmailConfig) -> str | None:
     return None if sender_allowed(mail.sender, config) else f"sender {mail.sender} not allowed"
 
 
-RESULT = re.compile(r"\b(dkim|dmarc|spf)\s*=\s*([a-z]+)([^;]*)", re.IGNORECASE)
-
-
-def unauthenticated(mail: Mail) -> str | None:
-    """The topmost Authentication-Results header (the one the receiving server added; older
-    ones may be forged) must show DMARC pass, or DKIM pass for the From domain."""
-    found = headers.all_raw(mail.msg, "Authentication-Results")
-    if not found:
-        return "no Authentication-Results header"
-    value = headers.text(found[0])
+def unauthenticated(mail: Mail, authserv_id: str) -> str | None:
+    """The topmost Authentication-Results header written by the receiving server (its
+    authserv-id, `[email] authserv_id`; headers with any other id were written by someone
+    else and are ignored) must show DMARC pass, or DKIM pass for the From domain."""
+    ours = authserv_id.strip().lower().rstrip(".")
+    found = [authres.parse(headers.text(raw))
+             for raw in headers.all_raw(mail.msg, "Authentication-Results")]
+    results = next((r for server, r in found if server == ours), None)
+    if results is None:
+        return f"no Authentication-Results header from {authserv_id}"
     domain = mail.sender.rpartition("@")[2]
-    results = [(m.group(1).lower(), m.group(2).lower(), m.group(3).lower())
-               for m in RESULT.finditer(value)]
-    if any(method == "dmarc" and result == "fail" for method, result, _ in results):
+    if any(r.method == "dmarc" and r.result == "fail" for r in results):
         return "Authentication-Results: dmarc=fail"
-    for method, result, props in results:
-        if result != "pass":
+    for r in results:
+        if r.result != "pass":
             continue
-        if method == "dmarc":
+        if r.method == "dmarc":
             return None
-        signer = re.search(r"header\.(?:d|i)\s*=\s*@?([\w.-]+)", props)
-        if method == "dkim" and signer and _aligned(signer.group(1), domain):
+        signer = (r.props.get("header.d") or r.props.get("header.i") or "").lstrip("@")
+        if r.method == "dkim" and signer and _aligned(signer.rpartition("@")[2], domain):
             return None
     return "Authentication-Results shows no DMARC pass or aligned DKIM pass"
 

@@ -19,7 +19,7 @@ from email.policy import SMTP
 from email.utils import formataddr, formatdate
 from typing import Any
 
-from bot.channels import Outbound
+from bot.port import Outbound
 from connectors.email.threads import reply_subject
 
 # CRLF, folded only past RFC 5322's hard limit: a short line limit folds References before

@@ -11,9 +11,9 @@ belongs to the person who started it (see `conversation_key`).
 import hashlib
 import re
 
+from bot.port import AgentPort
 from connectors.email.headers import clip
 from connectors.email.parse import Mail
-from store import NotFound, Store
 
 CHANNEL = "email"
 PREFIX = re.compile(r"^\s*((re|aw|sv|antw|fwd?|wg|tr)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
@@ -41,25 +41,22 @@ def chain(mail: Mail) -> list[str]:
     return ids
 
 
-async def conversation_key(store: Store, mail: Mail, own_domain: str) -> str:
+async def conversation_key(port: AgentPort, mail: Mail, own_domain: str) -> str:
     """The thread's conversation, if it is the sender's own; a thread someone else started
     with Steward gets a conversation per sender, so nobody reads another person's answers
     by replying to (or forging a reference to) their thread."""
-    key = await _thread_key(store, mail, own_domain)
-    try:
-        owner = (await store.get_conversation(key)).owner
-    except NotFound:
-        return key
-    if owner in (None, mail.sender):
+    key = await _thread_key(port, mail, own_domain)
+    conversation = await port.conversation(key)
+    if conversation is None or conversation.owner in (None, mail.sender):
         return key
     return f"{CHANNEL}:" + clip(f"{key.removeprefix(CHANNEL + ':')}/from:{mail.sender}")
 
 
-async def _thread_key(store: Store, mail: Mail, own_domain: str) -> str:
+async def _thread_key(port: AgentPort, mail: Mail, own_domain: str) -> str:
     ids = chain(mail)
     candidates = ids[:1] + ids[1:][-(LOOKUPS - 1):]
     for identifier in reversed(candidates):  # the nearest known ancestor decides
-        key = await _known(store, identifier, own_domain)
+        key = await _known(port, identifier, own_domain)
         if key is not None:
             return key
     if ids:
@@ -71,17 +68,15 @@ async def _thread_key(store: Store, mail: Mail, own_domain: str) -> str:
     return f"{CHANNEL}:no-id:{digest}"
 
 
-async def _known(store: Store, identifier: str, own_domain: str) -> str | None:
+async def _known(port: AgentPort, identifier: str, own_domain: str) -> str | None:
     own = OWN_ID.match(identifier)
     conversation_id = None
     if own and own.group(2).lower() == own_domain.lower():
         conversation_id = int(own.group(1))
     else:
-        row = await store.submission_state(CHANNEL, f"msgid:{identifier}")
+        row = await port.submission(CHANNEL, f"msgid:{identifier}")
         conversation_id = row["conversation_id"] if row else None
     if conversation_id is None:
         return None
-    try:
-        return clip((await store.get_conversation_by_id(conversation_id)).key)
-    except NotFound:
-        return None
+    conversation = await port.conversation_by_id(conversation_id)
+    return clip(conversation.key) if conversation is not None else None

@@ -31,6 +31,7 @@ import time
 from datetime import UTC, datetime
 
 from connectors.email import cursor as cursors
+from connectors.email.errors import MessageFailed, describe
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession, Selected
 from connectors.email.intake import Intake
 
@@ -40,14 +41,6 @@ FIRST_BACKLOG = 50  # unread messages taken on the very first start
 RESYNC_MARGIN = 2 * 86400.0  # seconds before the cursor's last move that a resync re-reads
 RESYNC_BACKLOG = 5000
 MAX_BACKOFF = 300.0
-
-
-class MessageFailed(Exception):
-    """Taking one message failed; the watcher reconnects and tries it again."""
-
-    def __init__(self, uid: int, attempts: int, cause: BaseException):
-        super().__init__(f"message {uid} failed (attempt {attempts}): {_describe(cause)}")
-        self.uid, self.attempts, self.cause = uid, attempts, cause
 
 
 class _Failures:
@@ -98,6 +91,8 @@ class Watcher:
             try:
                 async with self.open_session() as imap:
                     self.connected.set()
+                    if backoff > self.reconnect_seconds:  # the answer to the warnings
+                        log.warning("email: connected to %s", self.mailbox)
                     backoff = self.reconnect_seconds
                     await self._serve(imap, stop)
             except MessageFailed as exc:
@@ -105,10 +100,10 @@ class Watcher:
                             self.message_retry_seconds * 2 ** (exc.attempts - 1))
                 log.warning("email: message %d of %s failed (attempt %d, for %.0f s): %s; "
                             "trying it again in %.1f s", exc.uid, self.mailbox, exc.attempts,
-                            self._failures.failing_for(), _describe(exc.cause), delay,
+                            self._failures.failing_for(), describe(exc.cause), delay,
                             exc_info=exc.cause if exc.attempts == 1 else None)
             except (*CONNECTION_ERRORS, ImapError) as exc:
-                log.warning("email: IMAP %s; reconnecting in %.0f s", _describe(exc), backoff)
+                log.warning("email: IMAP %s; reconnecting in %.0f s", describe(exc), backoff)
             except Exception:
                 log.exception("email: mailbox watcher failed; restarting in %.0f s", backoff)
             finally:
@@ -135,8 +130,7 @@ class Watcher:
 
     async def sync(self, imap: ImapSession, selected: Selected, stop: asyncio.Event) -> None:
         """Take every message the cursor has not passed yet, oldest first."""
-        store, address = self.intake.store, self.intake.config.address
-        cursor = await cursors.load(store, address, self.mailbox)
+        cursor = await self.intake.cursor(self.mailbox)
         if cursor is None or cursor.uidvalidity != selected.uidvalidity:
             cursor = await self._start_cursor(imap, selected, cursor)
         pending = list(cursor.backlog)
@@ -181,7 +175,7 @@ class Watcher:
                     or self._failures.failing_for() < self.message_quarantine_seconds):
                 raise MessageFailed(uid, attempts, exc) from exc
             reason = (f"could not be taken in {attempts} attempts over "
-                      f"{self._failures.failing_for():.0f} s: {_describe(exc)}")
+                      f"{self._failures.failing_for():.0f} s: {describe(exc)}")
             log.error("email: message %d of %s %s; quarantining it", uid, self.mailbox, reason)
             cursor = await self._quarantine(cursor, uid, reason, raw)
         self._failures.clear()
@@ -190,7 +184,7 @@ class Watcher:
     async def _probe(self, imap: ImapSession) -> None:
         """Raise if the IMAP session or the store does not answer."""
         await imap.noop()
-        await cursors.load(self.intake.store, self.intake.config.address, self.mailbox)
+        await self.intake.cursor(self.mailbox)
 
     async def _others_readable(self, imap: ImapSession, uid: int) -> bool:
         """Whether the server can read a later message (one of the first `probe_messages`
@@ -202,7 +196,7 @@ class Watcher:
                 await imap.peek(other)
             except ImapError as exc:
                 log.info("email: message %d of %s cannot be read either: %s", other,
-                         self.mailbox, _describe(exc))
+                         self.mailbox, describe(exc))
                 continue
             return True
         return False
@@ -248,5 +242,3 @@ def imap_date(when: datetime) -> str:
     return f"{when.day}-{MONTHS[when.month - 1]}-{when.year}"
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,9 +1,12 @@
-"""The Slack connector: built by the application wiring with `(config, deps)` when
+"""The Slack connector: built by the composition root with `(config, port)` when
 `[slack] enabled = true`; `channel` is what deliveries use, under the name "slack".
 
-    start()  auth.test (who Steward is), replay what the journal holds from the last
-             process, begin rendering streamed answers, then open the transport on the
-             ack loop (a thread of its own: acks never wait for the agent's work)
+    start()  auth.test (who Steward is; while Slack cannot be reached, asked again in the
+             background with backoff, and what follows waits for it), replay what the
+             journal holds from the last process (a line that cannot be taken in is
+             quarantined with the reason and leaves the journal; start-up and the events
+             after it go on), begin rendering streamed answers, then open the transport
+             on the ack loop (a thread of its own: acks never wait for the agent's work)
     stop()   close the transport (no new events), let queued events finish briefly (the
              rest stay journaled for the next start), stop streaming, release the
              shared HTTP session; deliveries still work while the runtime drains
@@ -15,19 +18,24 @@ lanes that store events, streaming, deliveries) on the agent's loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+from typing import Any
 
-from bot.agent.deps import AgentDeps
-from bot.config import Config
+from bot.port import AgentPort, kill_point, make_private
 
+from . import faults
 from .ackloop import AckLoop
-from .events import Identity
+from .actions import Clicks, parse_click
+from .events import Identity, Inbound, Malformed, is_event_id
 from .files import Files
 from .history import People
-from .inbound import CHANNEL, Inbox
+from .inbound import Inbox
 from .journal import Journal
 from .messages import Messages
 from .outbound import SlackChannel
+from .routing import CHANNEL
 from .streaming import Streams
 from .transport import HttpTransport, SocketTransport, build_app
 from .web import SlackWeb
@@ -36,38 +44,45 @@ from .working import Working
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0  # seconds queued events get to finish on stop
+CLICK_SECONDS = 2.5  # a click applied later than this is not acked (Slack waits 3 s)
 JOURNAL_FILE = "slack-inbox.jsonl"
-IDENTITY_ATTEMPTS = 5
+CONNECT_BACKOFF_MAX = 60.0  # seconds between tries to reach Slack at the most
 
 
 class SlackConnector:
     name = CHANNEL
 
-    def __init__(self, config: Config, deps: AgentDeps):
+    def __init__(self, config: Any, port: AgentPort):
         s = config.slack
         self.config = config
-        self.deps = deps
+        self.port = port
         self.web = SlackWeb(config.secret(s.bot_token_env), s.api_base_url)
         self.messages = Messages(self.web)
-        self.working = Working(self.web, deps.store)
-        self.streams = Streams(deps.events, deps.store, self.messages, channel=CHANNEL,
-                               interval=s.stream_update_seconds)
-        self.channel = SlackChannel(self.messages, self.streams, self.working, deps.store)
+        self.working = Working(self.web)
+        self.streams = Streams(port.events, self.messages, channel=CHANNEL,
+                               interval=s.stream_update_seconds,
+                               allow_broadcast=s.allow_broadcast_mentions)
+        self.channel = SlackChannel(self.messages, self.streams, self.working,
+                                    allow_broadcast=s.allow_broadcast_mentions)
         self.journal = Journal(config.home / JOURNAL_FILE)  # used on the ack loop only
         self.ack = AckLoop()
-        self.inbox = Inbox(deps, s, web=self.web, done=self._done,
-                           files=Files(deps.http, self.web.token, s.api_base_url,
+        self.inbox = Inbox(port, s, web=self.web, done=self._done,
+                           files=Files(port.http, self.web.token, s.api_base_url,
                                        s.max_file_bytes),
                            people=People(self.web), working=self.working,
                            agent_name=config.agent.name)
+        self.clicks = Clicks(port, self.web)
         self.me: Identity | None = None
         self._agent_loop: asyncio.AbstractEventLoop | None = None
+        self._quarantining: set[asyncio.Task] = set()  # on the agent's loop
+        self._connecting: asyncio.Task | None = None  # Slack unreachable at start
         app = build_app(self.web, identity=self._identity, on_event=self._on_event,
+                        on_action=self._on_action,
                         signing_secret=config.secret(s.signing_secret_env)
                         if s.mode == "http" else None)
         if s.mode == "http":
             self.transport: HttpTransport | SocketTransport = HttpTransport(
-                app, s.http_host, s.http_port)
+                app, s.http_host, s.http_port, config.secret(s.signing_secret_env))
         else:
             self.transport = SocketTransport(app, config.secret(s.app_token_env), self.web)
 
@@ -76,53 +91,155 @@ class SlackConnector:
         return self.me
 
     async def _on_event(self, body: dict) -> None:
-        """On the ack loop, before the ack: hand the event over, journal it."""
-        ev = self.inbox.admit(body)
+        """On the ack loop, before the ack: hand the event over, journal it. An event that
+        cannot be taken in is acked all the same (Slack would only send it again) and
+        quarantined on the agent's loop; journaled first when it has an event id to be
+        found by, so that a crash before the quarantine is stored still quarantines it, at
+        the next start. One without an id is quarantined without the journal: a crash in
+        between loses it, and it was nothing Steward could have answered."""
+        try:
+            ev = self.inbox.admit(body)
+        except Exception as exc:
+            journaled = is_event_id(body.get("event_id"))
+            assert self._agent_loop is not None
+            self._agent_loop.call_soon_threadsafe(
+                self._quarantine_soon, body, _reason(exc),
+                body["event_id"] if journaled else None)
+            if journaled:
+                await self.journal.append(body)
+            return
         if ev is None:
             return
         assert self._agent_loop is not None
         self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
         await self.journal.append(body)  # its line is queued before any `done` can be
 
+    async def _on_action(self, body: dict) -> bool:
+        """On the ack loop: apply a click on an approval button on the agent's loop and
+        say whether it was (the ack waits for it; see actions.py). Clicks on anything
+        else, and payloads that are not what Slack sends, are acked and dropped."""
+        try:
+            click = parse_click(body, self._identity())
+        except Malformed as exc:
+            log.warning("slack: dropped an interaction: %s", exc)
+            return True
+        if click is None:
+            return True
+        assert self._agent_loop is not None
+        applied = asyncio.run_coroutine_threadsafe(self.clicks.take(click), self._agent_loop)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(applied), CLICK_SECONDS)
+        except Exception as exc:  # the person sees the click fail, and clicks again
+            log.warning("slack: a click on approval %s was not applied: %s",
+                        click.approval_id, exc)
+            return False
+        kill_point("slack-click-applied", "slack")
+        return True
+
     def _done(self, event_id: str) -> None:
         self.ack.post(self.journal.done, event_id)
 
+    def _quarantine_soon(self, body: dict, reason: str, journaled_as: str | None) -> None:
+        task = asyncio.create_task(self._quarantine(body, reason, journaled_as))
+        self._quarantining.add(task)
+        task.add_done_callback(self._quarantining.discard)
+
+    async def _quarantine(self, body: dict, reason: str, journaled_as: str | None) -> None:
+        """Quarantine an event, then take it out of the journal (if it is in it). If the
+        store fails, it stays journaled and the next start tries again."""
+        if await self.inbox.quarantine(body, reason) and journaled_as is not None:
+            self._done(journaled_as)
+
+    @property
+    def up(self) -> bool:
+        """Connected: Slack said who Steward is and events are being taken."""
+        return self.me is not None
+
     async def start(self) -> None:
+        """Begin serving, at once if Slack answers; if it cannot be reached (a home server
+        boots before its network is up, Slack has an outage) keep asking in the background
+        with backoff, one log line per try, and begin then. A refusal (a revoked token)
+        is raised: no retry fixes it."""
         self._agent_loop = asyncio.get_running_loop()
-        self.me = self.inbox.me = await self._auth_test()
-        await asyncio.to_thread(self.config.home.mkdir, parents=True, exist_ok=True)
+        try:
+            me = await self.web.call("auth_test")
+        except Exception as exc:
+            if not faults.is_outage(exc):
+                raise
+            log.warning("slack: cannot reach Slack (%s); connecting in the background",
+                        faults.describe(exc))
+            self._connecting = asyncio.create_task(self._connect_later())
+            return
+        await self._begin(me)
+
+    async def _connect_later(self) -> None:
+        delay = 1.0
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(CONNECT_BACKOFF_MAX, delay * 2)
+            try:
+                me = await self.web.call("auth_test")
+            except Exception as exc:
+                if not faults.is_outage(exc):
+                    log.error("slack: Slack refused the bot token (%s); not connecting",
+                              faults.describe(exc))
+                    return
+                log.warning("slack: still cannot reach Slack (%s); next try in %.0f s",
+                            faults.describe(exc), delay)
+                continue
+            await self._begin(me)
+            log.warning("slack: connected")  # the answer to the warnings above
+            return
+
+    async def _begin(self, info: dict) -> None:
+        self.me = self.inbox.me = Identity(team=info["team_id"], user_id=info["user_id"],
+                                           bot_id=info.get("bot_id") or "")
+        await asyncio.to_thread(make_private, self.config.home)  # the journal lives there
         self.ack.start()
-        replayed = [ev for body in await self.ack.call(self.journal.open())
-                    if (ev := self.inbox.admit(body)) is not None]
+        replayed: list[Inbound] = []
+        refused: list[tuple[dict, str]] = []
+        for body in await self.ack.call(self.journal.open()):
+            try:
+                ev = self.inbox.admit(body)
+            except Exception as exc:  # never in the way of start-up or the events after it
+                refused.append((body, _reason(exc)))
+                continue
+            if ev is not None:
+                replayed.append(dataclasses.replace(ev, replayed=True))
         for ev in replayed:
             self.inbox.enqueue(ev)
         if replayed:
             log.info("slack: %d events from before the restart are processed again",
                      len(replayed))
+        for body, reason in refused:  # the journal's key for it, whatever it is
+            await self._quarantine(body, reason, body.get("event_id") or "")
         self.streams.start()
         await self.ack.call(self.transport.start())
 
-    async def _auth_test(self) -> Identity:
-        for attempt in range(1, IDENTITY_ATTEMPTS + 1):
-            try:
-                info = await self.web.call("auth_test")
-                return Identity(team=info["team_id"], user_id=info["user_id"],
-                                bot_id=info.get("bot_id") or "")
-            except Exception as exc:
-                if attempt == IDENTITY_ATTEMPTS:
-                    raise
-                log.warning("slack: auth.test failed (%s); retrying", exc)
-                await asyncio.sleep(attempt)
-        raise AssertionError("unreachable")
-
     async def stop(self) -> None:
-        if self.ack.loop is None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._connecting
+        if self.ack.loop is None:  # never connected: only the HTTP session to release
+            await self.web.close()
             return
         await self.ack.call(self.transport.stop())
         if not await self.inbox.lanes.join(STOP_GRACE):
             log.warning("slack: unfinished events stay journaled for the next start")
+        if self._quarantining:  # what is not stored by then is quarantined at the next start
+            await asyncio.wait(set(self._quarantining), timeout=STOP_GRACE)
         await self.inbox.lanes.close()
         await self.streams.stop()
+        await self.clicks.stop(STOP_GRACE)
         await self.ack.call(self.journal.close())
         await self.ack.stop()
         await self.web.close()  # calls in flight finish; later ones get a session each
+
+
+def _reason(exc: Exception) -> str:
+    """Why an event could not be taken in, as `steward quarantine` shows it."""
+    if isinstance(exc, Malformed):
+        return f"malformed event: {exc}"
+    log.error("slack: reading an event failed", exc_info=exc)
+    return f"the event could not be read: {type(exc).__name__}: {exc}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
-from bot.runtime import NotPerformed, Unavailable
+from bot.port import NotPerformed, Unavailable
 
 NOT_DONE_ERRORS = {"ratelimited", "rate_limited", "request_timeout"}
 DOUBT_ERRORS = {"internal_error", "fatal_error", "service_unavailable"}

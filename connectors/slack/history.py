@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 from slack_sdk.errors import SlackApiError
 
-from bot.tools import known_timezone
+from bot.port import known_timezone
 
-from .events import Identity, Inbound
+from .events import Identity, Inbound, unescape
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ async def thread_history(web: SlackWeb, me: Identity, people: People, ev: Inboun
     out = []
     for m in messages[-MAX_THREAD_MESSAGES:]:
         mine = m.get("user") == me.user_id or (m.get("bot_id") and m.get("bot_id") == me.bot_id)
-        text = (m.get("text") or "")[:MAX_MESSAGE_CHARS]
+        text = unescape(m.get("text") or "")[:MAX_MESSAGE_CHARS]
         for f in m.get("files") or []:
             text += f"\n[attached file: {f.get('name') or f.get('id')}]"
         if not text.strip():
@@ -107,4 +107,19 @@ async def thread_history(web: SlackWeb, me: Identity, people: People, ev: Inboun
                     "role": "assistant" if mine else "user",
                     "data": {"slack": {"channel": ev.channel, "ts": m["ts"],
                                        "user": m.get("user")}}})
+    return out
+
+
+async def replies_after(web: SlackWeb, ev: Inbound) -> list[dict]:
+    """The replies already in the thread under `ev` (a message at a channel's top level),
+    as Slack stores them, oldest first."""
+    out: list[dict] = []
+    cursor = None
+    for _ in range(PAGES):
+        page = await web.call("conversations_replies", channel=ev.channel, ts=ev.ts,
+                              oldest=ev.ts, inclusive=False, limit=200, cursor=cursor)
+        out += [m for m in page.get("messages") or [] if float(m["ts"]) > float(ev.ts)]
+        cursor = (page.get("response_metadata") or {}).get("next_cursor")
+        if not cursor:
+            break
     return out

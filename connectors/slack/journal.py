@@ -8,7 +8,9 @@ one fsync) before the ack goes out; when its processing has committed, a `done` 
 follows. On start every event without a `done` is processed again. That is always safe:
 the submission of a message is deduplicated forever by the store, so an event that had in
 fact been stored is a no-op. When the file grows past `COMPACT_BYTES` it is rewritten with
-only the pending events (atomically), so it stays small under steady traffic.
+only the pending events (atomically), so it stays small under steady traffic. The file is
+private to its owner (0600), like everything in the home directory; opening the journal
+rewrites it, which also tightens one an older version left 0644.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Journal:
         if compact:
             self._replace(lines)
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open(self.path, "a", encoding="utf-8", opener=_private) as f:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
             if any(line.startswith('{"event"') for line in lines):
@@ -96,7 +98,7 @@ class Journal:
 
     def _replace(self, lines: list[str]) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", opener=_private) as f:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
             os.fsync(f.fileno())
@@ -112,12 +114,24 @@ class Journal:
                         record = json.loads(line)
                     except ValueError:
                         continue  # a torn last line: its ack was never sent
-                    if "event" in record:
-                        events[record["event"].get("event_id") or ""] = record["event"]
-                    elif "done" in record:
-                        events.pop(record["done"], None)
+                    if not isinstance(record, dict):
+                        continue  # nothing this journal writes: passed over like a torn line
+                    event, done = record.get("event"), record.get("done")
+                    if isinstance(event, dict):
+                        events[str(event.get("event_id") or "")] = event
+                    elif isinstance(done, str):
+                        events.pop(done, None)
         self._replace([_line(b) for b in events.values()])
         return list(events.values())
+
+
+def _private(path: str, flags: int) -> int:
+    """Open as the owner's alone: created 0600, or tightened to 0600 if an older version
+    left it readable by others."""
+    fd = os.open(path, flags, 0o600)
+    if os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def _line(body: dict) -> str:

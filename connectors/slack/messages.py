@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
-from bot.runtime.killpoints import kill_point
+from bot.port import kill_point
 
 from . import faults
 from .web import SlackWeb
@@ -160,10 +160,12 @@ class Messages:
 
     # -- writing --------------------------------------------------------------------
 
-    async def write(self, key: str, where: dict[str, Any], parts: list[str]) -> list[Posted]:
+    async def write(self, key: str, where: dict[str, Any], parts: list[str],
+                    blocks: list[dict] | None = None) -> list[Posted]:
         """Make the answer's messages show `parts`: post the missing ones, edit changed
-        ones, delete parts beyond the new end that this process knows of. Call it holding
-        `locked(key)`."""
+        ones, delete parts beyond the new end that this process knows of. `blocks`, if
+        given, is how the first part is laid out (its text is the fallback). Call it
+        holding `locked(key)`."""
         where = await self.resolve(where)
         shown = []
         scanned = False
@@ -173,10 +175,11 @@ class Messages:
             if found is None and not scanned:
                 await self._scan(where)
                 scanned, found = True, self._known.get(k)
+            layout = blocks if i == 0 else None
             if found is not None and found.text != text:
-                found = await self._update(k, found, text)
+                found = await self._update(k, found, text, layout)
             if found is None:
-                found = await self._post(k, where, text)
+                found = await self._post(k, where, text, layout)
             shown.append(found)
         extra = len(parts)
         while (stale := self._known.get(part_key(key, extra))) is not None:
@@ -193,11 +196,13 @@ class Messages:
             removed, i = removed + 1, i + 1
         return removed
 
-    async def _update(self, key: str, posted: Posted, text: str) -> Posted | None:
+    async def _update(self, key: str, posted: Posted, text: str,
+                      blocks: list[dict] | None = None) -> Posted | None:
         """Edit a part; None if it is gone (deleted in Slack), so it is posted again."""
+        layout = {"blocks": blocks} if blocks else {}
         try:
             await self._write("chat_update", channel=posted.channel, ts=posted.ts, text=text,
-                              metadata=_metadata(key))
+                              metadata=_metadata(key), **layout)
         except SlackApiError as exc:
             if exc.response.get("error") not in GONE:
                 raise
@@ -216,9 +221,12 @@ class Messages:
                 raise
         self._remember(key, None)
 
-    async def _post(self, key: str, where: dict[str, Any], text: str) -> Posted:
+    async def _post(self, key: str, where: dict[str, Any], text: str,
+                    blocks: list[dict] | None = None) -> Posted:
         args: dict[str, Any] = {"channel": where["channel"], "text": text,
                                 "metadata": _metadata(key), "unfurl_links": False}
+        if blocks:
+            args["blocks"] = blocks
         if where.get("thread_ts"):
             args["thread_ts"] = where["thread_ts"]
         for attempt in range(1, POST_ATTEMPTS + 1):

@@ -8,6 +8,15 @@
     - item / * item          • item        (nested items keep their indent)
     ```lang ... ```          ``` ... ```   (code is never touched)
     & < >                    &amp; &lt; &gt;  (except Slack's own <@U…>, <#C…>, <http…>)
+
+`render` also takes the ping out of broadcast mentions (`<!channel>`, `<!here>`,
+`<!everyone>`, `<!subteam^…>` user groups) anywhere in an answer, code included, unless
+`[slack] allow_broadcast_mentions`: a model that repeats or invents one must not notify a
+whole channel. They are shown as the words Slack users know ("@channel", "@ops"), so the
+answer still reads as written, with a zero-width space after the "@": a bare "@channel"
+is only plain text while messages are posted without `parse=full` or `link_names`, the
+zero-width space keeps it plain under any of them. A bare "@here" the model writes gets
+the same.
 """
 
 from __future__ import annotations
@@ -28,6 +37,10 @@ _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")
 _QUOTE = re.compile(r"^(\s*>+\s?)(.*)$")
+_BROADCAST = re.compile(r"<!(here|channel|everyone|group)(?:\|[^>]*)?>")
+_GROUP_MENTION = re.compile(r"<!subteam\^[^>|]*(?:\|@?([^>]*))?>")
+_BARE_BROADCAST = re.compile(r"(?<![\w@])@(here|channel|everyone)\b")
+NO_PING = "\u200b"  # zero-width space: after an "@", the word is never a mention
 
 
 def to_mrkdwn(markdown: str) -> str:
@@ -108,6 +121,18 @@ def _cut_point(window: str) -> int:
     return len(window)
 
 
-def render(markdown: str, limit: int = LIMIT) -> list[str]:
-    """An answer as the Slack messages that show it."""
-    return split(to_mrkdwn(markdown.strip()) or " ", limit)
+def without_broadcasts(mrkdwn: str) -> str:
+    """`mrkdwn` with every broadcast mention shown as its word, never a ping."""
+    text = _BROADCAST.sub(lambda m: f"@{NO_PING}{m.group(1)}", mrkdwn)
+    text = _GROUP_MENTION.sub(lambda m: f"@{NO_PING}{(m.group(1) or '').strip() or 'group'}",
+                              text)
+    return _BARE_BROADCAST.sub(lambda m: f"@{NO_PING}{m.group(1)}", text)
+
+
+def render(markdown: str, limit: int = LIMIT, *, allow_broadcast: bool = False) -> list[str]:
+    """An answer as the Slack messages that show it (broadcast mentions defused unless
+    `allow_broadcast`)."""
+    text = to_mrkdwn(markdown.strip())
+    if not allow_broadcast:
+        text = without_broadcasts(text)
+    return split(text or " ", limit)

@@ -2,8 +2,8 @@
 message under the same key, posting only parts that do not exist yet), `find` tells a
 restarted delivery whether Slack already shows it in full.
 
-An answer to a message the user deleted before it was answered is not shown: whatever was
-streamed of it is deleted, and the delivery is recorded as skipped.
+An answer to a message the user deleted before it was answered is not shown (the delivery
+task decides, by `withdrawal_ref`); `retract` deletes whatever was streamed of it.
 
 When Slack is unreachable or in trouble (faults.py) the delivery says so in the runtime's
 terms, so that it is retried for `outage_attempts` rather than failed: `send` raises
@@ -18,35 +18,43 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bot.channels import Outbound
-from bot.runtime import Unavailable
-from bot.runtime.killpoints import kill_point
-from store import Store
+from bot.port import Outbound, Unavailable, kill_point
 
 from . import faults
+from .actions import approval_blocks
 from .messages import Messages, part_key
 from .mrkdwn import render
+from .routing import deleted_ref
 from .streaming import Streams
 from .working import Working
 
 log = logging.getLogger(__name__)
 
-HISTORY_CHANNEL = "slack:history"  # where bot.agent.inbox.add_history records its refs
-
-
-def deleted_ref(channel: str, ts: str) -> str:
-    """The history ref under which the deletion of a user's message is recorded."""
-    return f"deleted:{channel}:{ts}"
-
-
 class SlackChannel:
     name = "slack"
+    shows_progress = True  # the "working on it" sign on every message an answer covers
 
-    def __init__(self, messages: Messages, streams: Streams, working: Working, store: Store):
+    def __init__(self, messages: Messages, streams: Streams, working: Working,
+                 *, allow_broadcast: bool = False):
+        self.allow_broadcast = allow_broadcast  # [slack] allow_broadcast_mentions
         self.messages = messages
         self.streams = streams
         self.working = working
-        self.store = store
+
+    @staticmethod
+    def direct_to(where: dict[str, Any]) -> dict[str, Any] | None:
+        """A direct message to the person who wrote from `where`: posting to a user id
+        lands in the bot's DM with them."""
+        if not where.get("user"):
+            return None
+        return {"team": where.get("team"), "channel": where["user"], "user": where["user"]}
+
+    @staticmethod
+    def withdrawal_ref(where: dict[str, Any]) -> str | None:
+        """Where the deletion of the message an answer replies to is recorded (inbound)."""
+        if not where.get("message_ts"):
+            return None
+        return deleted_ref(where["channel"], where["message_ts"])
 
     async def send(self, message: Outbound) -> dict[str, Any]:
         with self.messages.watch() as touched:
@@ -68,23 +76,40 @@ class SlackChannel:
             raise Unavailable(f"Slack unavailable, cannot look for the answer: "
                               f"{faults.describe(exc)}") from exc
 
+    async def retract(self, message: Outbound) -> dict[str, Any]:
+        """Delete what was streamed of an answer whose question was deleted."""
+        with self.messages.watch() as touched:
+            try:
+                self.streams.finish(message.key)
+                async with self.messages.locked(message.key):
+                    removed = await self.messages.remove(message.key, message.reply_to)
+            except Exception as exc:
+                if not faults.is_outage(exc):
+                    raise
+                log.warning("slack: retracting %s: %s", message.key, faults.describe(exc))
+                raise faults.for_runtime(exc, maybe_shown=touched.maybe) from exc
+        await self._clear_sign(message)
+        return {"removed": removed}
+
     async def _send(self, message: Outbound) -> dict[str, Any]:
         where = message.reply_to
-        parts = render(message.text)
+        parts = render(message.text, allow_broadcast=self.allow_broadcast)
         self.streams.finish(message.key)
         async with self.messages.locked(message.key):
-            if await self._withdrawn(where):
-                removed = await self.messages.remove(message.key, where)
-                result: dict[str, Any] = {"skipped": "the question was deleted",
-                                          "removed": removed}
-            else:
-                await self.streams.pace(message.key)
-                shown = await self.messages.write(message.key, where, parts)
-                result = {"channel": shown[0].channel, "ts": shown[0].ts,
-                          "parts": [p.ts for p in shown]}
+            await self.streams.pace(message.key)
+            shown = await self.messages.write(message.key, where, parts,
+                                              self._layout(message, parts))
         kill_point("slack-sent", "slack")
         await self._clear_sign(message)
-        return result
+        return {"channel": shown[0].channel, "ts": shown[0].ts,
+                "parts": [p.ts for p in shown]}
+
+    @staticmethod
+    def _layout(message: Outbound, parts: list[str]) -> list[dict] | None:
+        """Blocks for a message that needs them: a request for approval gets its buttons."""
+        if message.approval and len(parts) == 1:
+            return approval_blocks(parts[0], message.approval["id"])
+        return None
 
     async def _clear_sign(self, message: Outbound) -> None:
         try:
@@ -94,7 +119,7 @@ class SlackChannel:
 
     async def _find(self, message: Outbound) -> dict[str, Any] | None:
         where = message.reply_to
-        parts = render(message.text)
+        parts = render(message.text, allow_broadcast=self.allow_broadcast)
         shown = []
         for i, text in enumerate(parts):
             found = await self.messages.find(part_key(message.key, i), where)
@@ -105,12 +130,4 @@ class SlackChannel:
             await self._clear_sign(message)  # a restarted delivery: the sign may be left
             return {"channel": shown[0].channel, "ts": shown[0].ts,
                     "parts": [p.ts for p in shown], "found": True}
-        if await self._withdrawn(where) and not shown:
-            return {"skipped": "the question was deleted", "found": True}
         return None  # missing or unfinished: `send` completes it without posting twice
-
-    async def _withdrawn(self, where: dict[str, Any]) -> bool:
-        if not where.get("message_ts"):
-            return False
-        ref = deleted_ref(where["channel"], where["message_ts"])
-        return await self.store.submission_state(HISTORY_CHANNEL, ref) is not None

@@ -7,7 +7,7 @@ author may talk to Steward. Pure functions over `Inbound` and `SlackConfig`.
     top level                                                      under the message
 
 Memory scope (who may later see what was said, in search and long-term facts), the same
-rule as the Slack-export importer (bot/importers/_slack.py): a DM with Steward, and every
+rule as the Slack-export importer (connectors/slack/export.py): a DM with Steward, and every
 thread in it, is private to that person (`private:slack:<team>:<user>`); a channel, a
 private channel or a group DM (mpim) is shared by everyone in it, so each of its threads
 is `channel:<channel id>`, whoever mentioned Steward there.
@@ -17,11 +17,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from bot.config import SlackConfig
+from connectors.slack.config import SlackConfig
 
 from .events import Inbound
 
 Access = Literal["allow", "refuse", "ignore"]
+
+CHANNEL = "slack"  # submissions of the messages taken in, under "<channel>:<ts>"
+HISTORY_CHANNEL = "slack:history"  # context recorded without an answer (the port's history)
+
+
+def deleted_ref(channel: str, ts: str) -> str:
+    """The history ref under which the deletion of a user's message is recorded."""
+    return f"deleted:{channel}:{ts}"
+
+
+def key_of(team: str, channel: str, root: str | None) -> str:
+    """A conversation's key: the DM or channel, or one thread of it."""
+    key = f"slack:{team}:{channel}"
+    return key if root is None else f"{key}:{root}"
+
+
+def owner_of(team: str, user: str) -> str:
+    return f"slack:{team}:{user}"
+
+
+def private_scope(person: str) -> str:
+    return f"private:{person}"
+
+
+def shared_scope(channel: str) -> str:
+    return f"channel:{channel}"
 
 
 def thread_root(ev: Inbound) -> str | None:
@@ -32,9 +58,7 @@ def thread_root(ev: Inbound) -> str | None:
 
 
 def conversation_key(ev: Inbound) -> str:
-    root = thread_root(ev)
-    key = f"slack:{ev.team}:{ev.channel}"
-    return key if root is None else f"{key}:{root}"
+    return key_of(ev.team, ev.channel, thread_root(ev))
 
 
 def reply_to(ev: Inbound) -> dict[str, Any]:
@@ -66,10 +90,10 @@ def access(config: SlackConfig, ev: Inbound) -> Access:
 
 def owner(ev: Inbound) -> str:
     """Whose conversation it is: the person in a DM, the one who asked in a channel."""
-    return f"slack:{ev.team}:{ev.user}"
+    return owner_of(ev.team, ev.user)
 
 
 def scope(ev: Inbound) -> str:
     """Who may see what is said in the conversation (set when it is created; a stored
     conversation keeps the scope it was created with)."""
-    return f"private:{owner(ev)}" if ev.is_dm else f"channel:{ev.channel}"
+    return private_scope(owner(ev)) if ev.is_dm else shared_scope(ev.channel)

@@ -1,13 +1,13 @@
 """Streaming: the committed partial text of a Slack turn, shown in the answer's message.
 
 The agent commits streamed text about every 100 ms and publishes it as a "partial" event
-carrying the turn id. For a turn that answers in Slack, the first partial posts the
-answer's message under the delivery's own key (`<turn>.answer`, in the metadata); later
-ones edit it at most every `stream_update_seconds` (intermediate texts are skipped, and a
-429 from Slack simply stretches the interval). The final delivery edits the same message
-(`SlackChannel.send` marks the key finished first, so no stream edit lands after it), and
-waits out what is left of the interval since the last stream write (`pace`), so the
-message is never written more often than that, the final edit included.
+carrying the turn id, its channel and its reply address. For a turn that answers in Slack,
+the first partial posts the answer's message under the delivery's own key (`<turn>.answer`,
+in the metadata); later ones edit it at most every `stream_update_seconds` (intermediate
+texts are skipped, and a 429 from Slack simply stretches the interval). The final delivery
+edits the same message (`SlackChannel.send` marks the key finished first, so no stream edit
+lands after it), and waits out what is left of the interval since the last stream write
+(`pace`), so the message is never written more often than that, the final edit included.
 After a restart the key finds the same message, so the answer continues in place.
 """
 
@@ -20,9 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.agent.events import Events
-from bot.runtime.killpoints import kill_point
-from store import Store
+from bot.port import Events, kill_point
 
 from . import faults
 from .messages import Messages
@@ -47,17 +45,16 @@ class _Stream:
 
 
 class Streams:
-    def __init__(self, events: Events, store: Store, messages: Messages, *, channel: str,
-                 interval: float):
+    def __init__(self, events: Events, messages: Messages, *, channel: str,
+                 interval: float, allow_broadcast: bool = False):
+        self.allow_broadcast = allow_broadcast  # [slack] allow_broadcast_mentions
         self.events = events
-        self.store = store
         self.messages = messages
         self.channel = channel
         self.interval = interval
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         self._streams: dict[str, _Stream] = {}
-        self._turns: OrderedDict[str, dict | None] = OrderedDict()  # turn -> reply_to
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._written: OrderedDict[str, float] = OrderedDict()  # key -> last write (monotonic)
 
@@ -97,18 +94,17 @@ class Streams:
             if event.kind != "partial":
                 continue
             try:
-                await self._on_partial(event.data.get("turn"), event.data.get("text") or "")
+                if event.data.get("channel") == self.channel:
+                    await self._on_partial(event.data.get("turn"), event.data.get("text") or "",
+                                           event.data.get("reply_to"))
             except Exception:  # noqa: BLE001 - showing progress must never stop the listener
                 log.exception("slack: streaming a partial failed")
 
-    async def _on_partial(self, turn: str | None, text: str) -> None:
-        if not turn or not text.strip():
+    async def _on_partial(self, turn: str | None, text: str, where: dict | None) -> None:
+        if not turn or not where or not text.strip():
             return
         key = f"{turn}.answer"
         if key in self._finished:
-            return
-        where = await self._where(turn)
-        if where is None or key in self._finished:
             return
         stream = self._streams.get(key)
         if stream is None:
@@ -116,17 +112,6 @@ class Streams:
             stream.task = asyncio.create_task(self._pump(stream), name=f"slack-stream:{key}")
         stream.text = text
         stream.changed.set()
-
-    async def _where(self, turn: str) -> dict | None:
-        """Where a turn answers, if in Slack (None for other channels)."""
-        if turn not in self._turns:
-            task = await self.store.get_task(turn)
-            inputs = task.inputs if isinstance(task.inputs, dict) else {}
-            where = inputs.get("reply_to") if inputs.get("channel") == self.channel else None
-            self._turns[turn] = where or None
-            while len(self._turns) > REMEMBERED:
-                self._turns.popitem(last=False)
-        return self._turns[turn]
 
     async def _pump(self, stream: _Stream) -> None:
         try:
@@ -138,7 +123,7 @@ class Streams:
                     async with self.messages.locked(stream.key):
                         if stream.key in self._finished:
                             return
-                        parts = render(stream.text)
+                        parts = render(stream.text, allow_broadcast=self.allow_broadcast)
                         parts[-1] += TYPING
                         try:
                             await self.messages.write(stream.key, stream.where, parts)

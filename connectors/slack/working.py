@@ -1,8 +1,8 @@
 """The "working on it" sign: an :hourglass_flowing_sand: reaction on the user's message from
 the moment it is accepted until its answer is delivered (the streamed answer itself shows
 progress once text flows; the reaction covers tool rounds and the wait before the first
-word). When one answer covers several queued messages, every one of them is cleared: the
-answer's transcript entry says up to which position it answered. Best effort: a failed
+word). When one answer covers several queued messages, every one of them is cleared (the
+delivery says which: `Outbound.covers`). Best effort: a failed
 reaction call is logged, never a reason to fail an answer."""
 
 from __future__ import annotations
@@ -12,22 +12,19 @@ from typing import Any
 
 from slack_sdk.errors import SlackApiError
 
-from bot.channels import Outbound
-from store import Store
+from bot.port import Outbound
 
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
 
 REACTION = "hourglass_flowing_sand"
-TAIL = 60  # transcript entries read to find the messages an answer covered
 HARMLESS = {"already_reacted", "no_reaction", "message_not_found", "channel_not_found"}
 
 
 class Working:
-    def __init__(self, web: SlackWeb, store: Store):
+    def __init__(self, web: SlackWeb):
         self.web = web
-        self.store = store
 
     async def start(self, where: dict[str, Any]) -> None:
         await self._react("reactions_add", where["channel"], where["message_ts"])
@@ -37,32 +34,10 @@ class Working:
         channel = where.get("channel")
         if not channel or not message.key.endswith(".answer"):
             return  # not an answer (a refusal): no sign was put up
-        stamps = {where.get("message_ts")} | await self._covered(message)
+        stamps = {where.get("message_ts")} | {(d.get("slack") or {}).get("ts")
+                                               for d in message.covers}
         for ts in sorted(s for s in stamps if s):
             await self._react("reactions_remove", channel, ts)
-
-    async def _covered(self, message: Outbound) -> set[str]:
-        """Slack ts of the user messages this answer covered (queued follow-ups answered
-        together with the one it replies to)."""
-        turn = message.key.removesuffix(".answer")
-        if turn == message.key:
-            return set()
-        page = await self.store.entries_page(message.conversation_id, limit=TAIL)
-        upto = lower = None
-        for e in reversed(page):
-            final = e.kind == "assistant" and (e.data or {}).get("final")
-            if final and upto is None and e.task_id == turn:
-                upto = (e.data or {}).get("answers_upto")
-            elif final and upto is not None:
-                lower = (e.data or {}).get("answers_upto")
-                break
-        if upto is None:
-            return set()
-        floor = lower or 0
-        stamps = {((e.data or {}).get("slack") or {}).get("ts") for e in page
-                  if e.kind == "user" and floor < e.seq <= upto
-                  and not (e.data or {}).get("history")}
-        return {ts for ts in stamps if ts}
 
     async def _react(self, method: str, channel: str, ts: str) -> None:
         try:

@@ -24,13 +24,14 @@ from collections.abc import Iterable, Iterator, MutableMapping, MutableSequence
 from typing import Any
 
 from store.documents.ops import apply_op, check_json, copy_json
+from store.errors import DocumentError
 
 __all__ = ["Draft", "StaleError", "TrackedDict", "TrackedList"]
 
 _MISSING = object()
 
 
-class StaleError(RuntimeError):
+class StaleError(DocumentError, RuntimeError):
     """A tracked wrapper whose dict or list was moved or removed from the draft."""
 
 

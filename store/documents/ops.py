@@ -23,10 +23,12 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from store.errors import DocumentError
+
 __all__ = ["OP_NAMES", "OpError", "apply_op", "apply_ops", "check_json", "copy_json"]
 
 
-class OpError(ValueError):
+class OpError(DocumentError, ValueError):
     """An op that does not apply to the value it was given (or is malformed)."""
 
     def __init__(self, op: Any, reason: str, index: int | None = None):

@@ -8,8 +8,8 @@ import httpx
 
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import Tool, ToolBox, builtin_tools
 from connectors.terminal import TerminalChannel
@@ -22,20 +22,22 @@ class Rig:
     """The agent's runtime in-process: a scripted model, the built-in tools and `extra`
     ones, the real task definitions and a runner."""
 
-    def __init__(self, store, tmp_path, model, *extra: Tool):
+    def __init__(self, store, tmp_path, model, *extra: Tool, config: dict | None = None):
         self.store = store
         self.http = httpx.AsyncClient()
         config = build_config({"runtime": {"retry_base_seconds": 0.01,
-                                           "retry_max_seconds": 0.02}}, home=tmp_path)
+                                           "retry_max_seconds": 0.02}, **(config or {})},
+                              home=tmp_path)
         self.deps = AgentDeps(store=store, config=config, client=model,
                               toolbox=ToolBox(*builtin_tools(), *extra), http=self.http)
         self.deps.channels["cli"] = TerminalChannel(self.deps.events)
         self.registry = build_registry(self.deps)
         self.runner = Runner(store, self.registry, RIG_OPTIONS)
 
-    async def say(self, text: str, session: str = "cli:rig") -> str:
+    async def say(self, text: str, session: str = "cli:rig", owner: str | None = None) -> str:
         accepted = await submit_message(self.store, channel="cli", external_ids=[text],
-                                        conversation_key=session, text=text, author="you")
+                                        conversation_key=session, text=text, author="you",
+                                        owner=owner)
         return accepted.turn_id
 
     async def run(self) -> None:
@@ -44,11 +46,12 @@ class Rig:
 
 @asynccontextmanager
 async def rig_factory(store, tmp_path):
-    """`make(model, *extra_tools) -> Rig`; their HTTP clients are closed at the end."""
+    """`make(model, *extra_tools, config=...) -> Rig`; their HTTP clients are closed at the
+    end. `config`: sections of the config to set (`{"limits": {...}}`)."""
     made: list[Rig] = []
 
-    def make(model, *extra: Tool) -> Rig:
-        made.append(Rig(store, tmp_path, model, *extra))
+    def make(model, *extra: Tool, config: dict | None = None) -> Rig:
+        made.append(Rig(store, tmp_path, model, *extra, config=config))
         return made[-1]
 
     try:

@@ -6,10 +6,17 @@
 
 A test sets `server.responder = fn(request_json, wire) -> Reply` (or `replies(...)` for a
 fixed sequence); the default answers "ok". Every request is recorded in `.requests`.
+
+Images are checked as the providers check them: OpenAI `image_url` parts with a base64
+`data:` URL, Anthropic `image` blocks with a base64 source, in user messages only, of a
+supported type whose bytes really are that type; anything else is a 400. `images(r)` gives
+the (media type, bytes) of a recorded request's images, in order.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import threading
 import time
@@ -48,6 +55,50 @@ class Recorded:
 
 
 Responder = Callable[[dict, str], Reply]
+IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff",
+               "image/gif": b"GIF8", "image/webp": b"RIFF"}
+
+
+class BadImage(ValueError):
+    pass
+
+
+def images(recorded: Recorded) -> list[tuple[str, bytes]]:
+    """The images a recorded request carried: (media type, bytes), in message order."""
+    wire = WIRES.get(recorded.path)
+    return _images(recorded.body, wire) if wire and isinstance(recorded.body, dict) else []
+
+
+def _images(body: dict, wire: str) -> list[tuple[str, bytes]]:
+    found = []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type")
+            if wire == "openai" and kind == "image_url":
+                url = (part.get("image_url") or {}).get("url", "")
+                head, _, data = url.partition(",")
+                if not head.startswith("data:") or not head.endswith(";base64"):
+                    raise BadImage(f"not a base64 data URL: {url[:40]}")
+                found.append(_image(message, head[5:-7], data))
+            elif wire == "anthropic" and kind == "image":
+                source = part.get("source") or {}
+                if source.get("type") != "base64":
+                    raise BadImage(f"image source type {source.get('type')!r}")
+                found.append(_image(message, source.get("media_type", ""), source.get("data", "")))
+    return found
+
+
+def _image(message: dict, media_type: str, data: str) -> tuple[str, bytes]:
+    if message.get("role") != "user":
+        raise BadImage("images are allowed in user messages only")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadImage("the image data is not base64") from None
+    if media_type not in IMAGE_MAGIC or not raw.startswith(IMAGE_MAGIC[media_type]):
+        raise BadImage(f"the image is not {media_type}")
+    return media_type, raw
 
 
 def replies(*items: Reply) -> Responder:
@@ -139,6 +190,11 @@ class _Handler(BaseHTTPRequestHandler):
         if wire is None:
             self._json(404, {"error": {"message": f"no route {self.path}"}}, {})
             return
+        try:
+            _images(body if isinstance(body, dict) else {}, wire)
+        except BadImage as exc:
+            self._json(400, _error_body(wire, 400, str(exc)), {})
+            return
         reply = self.fake.responder(body, wire)
         if reply.status != 200:
             self._json(reply.status, reply.error_body or _error_body(wire, reply.status),
@@ -199,11 +255,11 @@ def _args_text(args: dict | str) -> str:
     return args if isinstance(args, str) else json.dumps(args)
 
 
-def _error_body(wire: str, status: int) -> dict:
+def _error_body(wire: str, status: int, message: str = "") -> dict:
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
             529: "overloaded_error"}.get(status, "api_error")
-    message = f"fake {kind} ({status})"
+    message = message or f"fake {kind} ({status})"
     if wire == "anthropic":
         return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": kind, "code": None, "param": None}}

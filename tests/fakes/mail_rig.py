@@ -9,15 +9,18 @@ import contextlib
 from email.utils import formatdate
 
 import httpx
+import pytest
 
 from bot.agent.deps import AgentDeps
-from bot.app import build_registry
-from bot.config import build_config
+from bot.app.config import build_config
+from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
+from bot.port import AgentPort
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox
-from connectors.email import EmailConnector
+from connectors.email import cursor as cursors
+from connectors.email.connector import EmailConnector
 from tests.fakes.mail_servers import Account, SmtpSink
 
 ADDRESS = "steward@example.com"
@@ -51,6 +54,12 @@ def answer(request: Request) -> Response:
     return Response(text=f"Answer to [{last.content.splitlines()[0]}]")
 
 
+async def stored_cursor(store, address: str, mailbox: str = "INBOX") -> cursors.Cursor | None:
+    """The mailbox cursor as the store holds it."""
+    doc = await store.read_document(cursors.namespace(address), cursors.document_name(mailbox))
+    return cursors.Cursor.from_json(doc.value)
+
+
 class Rig:
     def __init__(self, store, account: Account, sink: SmtpSink, home, *,
                  connector: dict | None = None, **email):
@@ -69,7 +78,7 @@ class Rig:
         self.http = httpx.AsyncClient()
         self.deps = AgentDeps(store=store, config=self.config, client=self.model,
                               toolbox=ToolBox(), http=self.http)
-        self.connector = EmailConnector(self.config, self.deps, **(connector or {}))
+        self.connector = EmailConnector(self.config, AgentPort(self.deps), **(connector or {}))
         self.deps.channels["email"] = self.connector.channel
         self.runner = Runner(store, build_registry(self.deps), OPTIONS)
         self.deps.wake = self.runner.wake
@@ -118,3 +127,10 @@ async def rig_factory(store, account: Account, sink: SmtpSink, tmp_path):
     finally:
         for rig in made:
             await rig.stop()
+
+
+@pytest.fixture(name="rigs")
+async def rigs_fixture(store, account, sink, tmp_path):
+    """`rigs(**email) -> Rig` for a test (import it as a fixture); all stopped at its end."""
+    async with rig_factory(store, account, sink, tmp_path) as make:
+        yield make

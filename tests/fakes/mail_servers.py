@@ -287,6 +287,8 @@ class Captured:
 class SmtpSink:
     """aiosmtpd on 127.0.0.1, port 0, capturing messages in `.messages`."""
 
+    server_class = SMTPServer  # one per connection; a subclass may watch the exchange
+
     def __init__(self, *, tls: str = "none"):
         self.tls = tls  # "none", "starttls" (offered and required) or "ssl" (implicit)
         self.messages: list[Captured] = []
@@ -298,8 +300,9 @@ class SmtpSink:
         loop = asyncio.get_running_loop()
         starttls = server_context() if self.tls == "starttls" else None
         self._server = await loop.create_server(
-            lambda: SMTPServer(self, hostname="sink.test", loop=loop, tls_context=starttls,
-                               require_starttls=starttls is not None),
+            lambda: self.server_class(self, hostname="sink.test", loop=loop,
+                                      tls_context=starttls,
+                                      require_starttls=starttls is not None),
             "127.0.0.1", 0, ssl=server_context() if self.tls == "ssl" else None)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -9,6 +9,7 @@ import hmac
 import json
 import time
 import uuid
+from urllib.parse import urlencode
 
 import httpx
 
@@ -110,3 +111,29 @@ async def deliver(http: httpx.AsyncClient, url: str, body: dict, *,
     started = time.perf_counter()
     response = await http.post(url, content=raw, headers=headers)
     return response.status_code, time.perf_counter() - started
+
+
+def clicked(channel: str, message: dict, user: str, action_id: str) -> dict:
+    """The `block_actions` payload Slack sends when `user` presses the button `action_id`
+    on `message` (a bot message with blocks, as the fake stores it)."""
+    buttons = [e for b in message.get("blocks") or [] if b.get("type") == "actions"
+               for e in b["elements"]]
+    [button] = [b for b in buttons if b["action_id"] == action_id]
+    return {"type": "block_actions", "user": {"id": user, "team_id": TEAM},
+            "api_app_id": "A0FAKE", "token": "verification-token",
+            "container": {"type": "message", "message_ts": message["ts"],
+                          "channel_id": channel, "is_ephemeral": False},
+            "trigger_id": uuid.uuid4().hex, "team": {"id": TEAM, "domain": "fake"},
+            "channel": {"id": channel}, "message": message,
+            "response_url": "https://hooks.slack.test/actions/x",
+            "actions": [{**button, "block_id": "steward.approval",
+                         "action_ts": f"{time.time():.6f}"}]}
+
+
+async def interact(http: httpx.AsyncClient, url: str, payload: dict, *,
+                   secret: str = SIGNING_SECRET) -> int:
+    """POST an interaction as Slack does (a signed form with one field, `payload`)."""
+    raw = urlencode({"payload": json.dumps(payload)})
+    headers = {**signed_headers(raw, secret=secret),
+               "Content-Type": "application/x-www-form-urlencoded"}
+    return (await http.post(url, content=raw, headers=headers)).status_code

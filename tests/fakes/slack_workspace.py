@@ -25,6 +25,7 @@ class Workspace:
         self.files: dict[str, tuple[dict, bytes]] = {}
         self.users: dict[str, dict] = {}
         self.dms: dict[str, str] = {}  # user -> the id of Steward's DM with them
+        self.ephemeral: list[dict] = []  # chat.postEphemeral: seen by one user, not kept
         self.port = 0
         self._tick = 0
         self._base = int(time.time()) - 100_000
@@ -165,6 +166,9 @@ class Workspace:
         metadata = _json_param(p.get("metadata"))
         if metadata:
             message["metadata"] = metadata
+        blocks = _json_param(p.get("blocks"), list)
+        if blocks:
+            message["blocks"] = blocks
         stored = self.add_message(channel, message)
         return {"ok": True, "channel": channel, "ts": stored["ts"],
                 "message": {k: v for k, v in stored.items() if k != "metadata"}}
@@ -180,7 +184,18 @@ class Workspace:
         metadata = _json_param(p.get("metadata"))
         if metadata:
             m["metadata"] = metadata
+        blocks = _json_param(p.get("blocks"), list)
+        if blocks:
+            m["blocks"] = blocks
         return {"ok": True, "channel": p["channel"], "ts": m["ts"], "text": m["text"]}
+
+    def _m_chat_postEphemeral(self, p: dict) -> dict:  # noqa: N802 - Slack's method name
+        if not p.get("channel") or not p.get("user"):
+            return {"ok": False, "error": "channel_not_found" if not p.get("channel")
+                    else "user_not_in_channel"}
+        self.ephemeral.append({"channel": p["channel"], "user": p["user"],
+                               "text": p.get("text", "")})
+        return {"ok": True, "message_ts": self.next_ts()}
 
     def _m_chat_delete(self, p: dict) -> dict:
         m = self._find(p.get("channel", ""), p.get("ts", ""), missing_ok=True)
@@ -260,10 +275,11 @@ def is_user_id(value: str) -> bool:
     return value[:1] in ("U", "W") and value[1:].isalnum()
 
 
-def _json_param(value: Any) -> dict | None:
+def _json_param(value: Any, shape: type = dict) -> Any:
+    """A parameter the SDK sends as JSON text (or as JSON in a JSON body), if of `shape`."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, shape) else None

@@ -1,0 +1,646 @@
+"""Recall benchmark: does `steward search QUESTION --session KEY` find the turn that answers
+a question asked in other words, and how fast, next to a plain Okapi BM25 in the same run.
+
+The corpus is generated, seeded (the same bytes for the same arguments): --conversations
+long conversations between two named people, each a few months of sessions of small talk.
+Into each, facts are planted (a visit, a new pet, a hobby, a job, a trip, a gift, an
+injury, a language course, a move, a book) and asked about later in other words: "when" and
+"who" questions, questions naming the speaker, paraphrases ("What does Anna like to bake?"
+for "I've been baking sourdough bread"), some that share hardly a word with the answer; and
+distractors that share the fact's keywords (the other person asking about the same place,
+the same person mentioning it in another context, someone else doing the same thing).
+
+It is written as JSONL (DESIGN.md format), imported through the real `steward import`
+(a subprocess, a temporary home; PostgreSQL through a config file), and every question is
+asked through the store's API (`Store.search(q, conversation_key=KEY, limit=10)`, what the
+CLI calls) and a sample of --cli questions through `steward search --json --session KEY
+--limit 10`, which must give the same refs. Scored against the planted evidence turn:
+
+    recall@5, recall@10  share of questions whose evidence is in the first 5 / 10
+    MRR                  mean of 1 / rank of the evidence (0 beyond 10)
+
+for Steward, for "bm25": a plain Okapi BM25 (k1 1.2, b 0.75, lower-cased \\w+ tokens, no
+stemming, no stop list) over the same conversation's turns, and for "bm25+names": the same
+with each turn's speaker name in front of its text. Then search latency p50/p99 over the
+questions, within the conversation (--session) and over the whole store, at the corpus'
+size (~10^4 entries; PostgreSQL VACUUM ANALYZEd first, as autovacuum would) and, with
+--big, again after filler conversations bring the store to 10^6 entries (recall is
+measured again there: the rest of the store changes the statistics of the words).
+
+usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
+           [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings] [--json]
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+# Run as a script, this file's directory comes first on sys.path and its name shadows the
+# `store` package: put the project root there instead.
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import httpx  # noqa: E402
+
+from bench.store import fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
+from bot.app.importers import Progress, import_file  # noqa: E402
+from bot.memory.embedding_task import EmbedEntries, ensure_embedding  # noqa: E402
+from bot.memory.embeddings import OpenAIEmbedder  # noqa: E402
+from bot.memory.search import remember  # noqa: E402
+from bot.runtime import Registry, Runner, RunnerOptions  # noqa: E402
+from store import open_store  # noqa: E402
+from store.hybrid import Fusion  # noqa: E402
+from tests.fakes.embedding_server import FakeEmbeddings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+START = datetime(2024, 1, 8, 18, 0, tzinfo=UTC)
+SESSIONS, SESSION_TURNS = (22, 30), (12, 30)  # per conversation; turns per session
+FACTS = 15  # per conversation, each asked once
+BIG = 1_000_000
+
+NAMES = ("Anna Bob Carla Dev Elena Farid Grace Hugo Ines Jonas Kira Liam Maya Noah Olga Pavel "
+         "Quinn Rosa Sami Tess Umar Vera Wes Yara Zoe Arjun Beth Cem Dina Emil Fay Gus Hana "
+         "Ivo Jana Kofi Lea Milo Nora Otto").split()
+WEEKDAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+MONTHS = "March April May June July August September October November".split()
+RELATIVES = "sister brother mom dad cousin aunt uncle grandma neighbour roommate".split()
+FOODS = ("lasagna tacos curry pancakes dumplings risotto soup sushi pizza falafel paella "
+         "chili noodles").split()
+CITIES = ("Lisbon Oslo Kyoto Montreal Porto Vienna Seoul Denver Lima Tunis Dublin Hanoi "
+          "Krakow Tbilisi Cusco").split()
+TOPICS = ["the car", "the taxes", "the garden", "the wedding", "the new phone", "the rent",
+          "the leaking tap", "the broken bike", "the insurance", "the landlord"]
+SHOWS = ["the new detective series", "that cooking show", "the documentary about whales",
+         "the football match", "the quiz show", "the baking contest", "the space movie"]
+WORK = ["deadline", "presentation", "client meeting", "team offsite", "performance review",
+        "product launch", "budget review", "audit"]
+WEATHER = "rainy freezing lovely humid windy grey sunny foggy".split()
+PLACES = ["climbing gym", "pottery studio", "jazz bar", "farmers market", "science museum",
+          "botanical garden", "ice rink", "escape room", "night market", "vintage bookshop",
+          "dog park", "ramen place", "planetarium", "flea market", "sculpture park",
+          "rooftop cinema", "bouldering hall", "street food festival"]
+REACTIONS = ["my arms are dead", "totally worth it", "it was way too crowded",
+             "I want to go back already", "the staff were super friendly",
+             "it was smaller than I expected", "we stayed until closing"]
+PETS = "kitten puppy rabbit parrot hamster tortoise corgi beagle ferret".split()
+PET_NAMES = "Biscuit Pepper Mochi Ziggy Luna Noodle Waffles Pixel Olive Tofu Peanut".split()
+HOBBIES = [("paint", "painting", "landscapes of the lake"), ("bake", "baking", "sourdough bread"),
+           ("knit", "knitting", "a huge striped scarf"), ("sketch", "sketching", "old buildings"),
+           ("carve", "carving", "little wooden birds"), ("write", "writing", "short stories"),
+           ("sew", "sewing", "my own summer dresses"), ("brew", "brewing", "ginger beer"),
+           ("ferment", "fermenting", "hot sauce"), ("grow", "growing", "chili peppers")]
+COMPANIES = ["a design studio", "the city library", "a robotics startup", "the hospital",
+             "a bakery downtown", "the airport", "a law firm", "the university", "a bike shop"]
+GIFTS = ["a record player", "a telescope", "a silk scarf", "a pasta maker", "a board game",
+         "a watercolour set", "concert tickets", "a fancy espresso machine", "a kite"]
+BODY = "ankle wrist knee shoulder back elbow".split()
+HOW = ["playing football", "skiing", "on the stairs", "running", "doing yoga", "at volleyball"]
+LANGUAGES = "Portuguese Japanese Italian Korean Greek Swahili Dutch Turkish Polish".split()
+AREAS = ["the old town", "the harbour district", "the north side", "across the river",
+         "the university quarter"]
+LANDMARKS = ["the big park", "the train station", "the covered market", "the stadium",
+             "the canal"]
+BOOKS = ["The Salt Orchard", "A Map of Quiet Things", "Northern Lanterns", "Seven Winters",
+         "The Glass Cartographer", "The Last Tram", "Paper Harbours", "The Beekeeper's Son"]
+THEMES = ["a family of beekeepers", "a lighthouse keeper", "two rival chefs", "a stolen violin",
+          "a village under a lake", "an old map maker"]
+
+FILLER = [
+    "how was your {weekday}?", "pretty quiet, I mostly stayed in and made {food}",
+    "did you watch {show}?", "not yet, no spoilers please", "haha yes, that sounds great",
+    "work has been intense, we have a {work} on {weekday}", "ugh, I know the feeling",
+    "the weather here has been {weather} all week", "same here, I miss the summer",
+    "my {relative} called me about {topic} again", "I'm so tired today, I barely slept",
+    "we should grab {food} sometime next week", "ugh, the traffic this morning was terrible",
+    "I finally cleaned the whole apartment", "{other}, did you ever sort out {topic}?",
+    "not really, I keep putting it off", "my {relative} is visiting {city} next month",
+    "I've been listening to a lot of podcasts on my commute", "lol",
+    "do you have plans for the weekend?", "nothing special, maybe a walk if it's not {weather}",
+    "I tried a new recipe for {food}, it was a disaster", "that's hilarious",
+    "the new coffee place near work is pretty good", "I need a vacation so badly",
+    "did you hear back about {topic}?", "I can't believe it's already {month}",
+    "I spent the whole evening on the phone with my {relative}", "good night!",
+    "we went to the {place} near my place, it was packed", "have you been to the {place}?",
+    "{other}, you should come to the {place} with me sometime", "ok, talk tomorrow",
+    "the {work} went better than I expected", "my {relative} says hi", "ha, tell me about it",
+]
+
+
+@dataclass
+class Fact:
+    kind: str
+    statement: list[str]  # templates for what the speaker says
+    questions: list[str]  # templates for what is asked later
+    distractors: list[tuple[str, str]]  # ("S" or "O" says it, template)
+
+
+FACT_KINDS = [
+    Fact("visit", ["I finally went to the new {place} on {weekday}, {reaction}",
+                   "went to the {place} with my {relative} on {weekday}, {reaction}",
+                   "spent my {weekday} afternoon at the {place}, {reaction}"],
+         ["When did {S} go to the {place}?", "When did {S} visit the {place}?",
+          "What did {S} think of the {place}?", "Who went to the {place} with their {relative}?"],
+         [("O", "is the {place} open on holidays?"),
+          ("S", "I'd love to take my {relative} to the {place} someday"),
+          ("O", "I went to the {place2} on {weekday2}, {reaction2}")]),
+    Fact("pet", ["we adopted a {pet} from the shelter last week, we named her {pet_name}",
+                 "guess what, I'm adopting a {pet}! I'll call it {pet_name}"],
+         ["What is the name of {S}'s {pet}?", "What did {S} name the {pet}?",
+          "Who adopted a {pet}?", "What pet did {S} adopt?"],
+         [("O", "my neighbour's {pet} keeps escaping"),
+          ("S", "the shelter near me is always looking for volunteers"),
+          ("O", "I could never have a {pet}, I'm allergic")]),
+    Fact("hobby", ["I've been {ing} {thing} a lot lately, it really relaxes me",
+                   "these days I spend my evenings {ing} {thing}"],
+         ["What does {S} like to {verb}?", "What has {S} been {ing} lately?",
+          "What does {S} {verb} in the evenings?", "How does {S} relax?"],
+         [("O", "I tried {ing} once and it was a mess"),
+          ("S", "{ing} stuff is getting so expensive"),
+          ("O", "my {relative} is really into {ing2} now")]),
+    Fact("job", ["I got the job at {company}! I start on {month} {day}",
+                 "my first day at {company} is {month} {day}, I'm nervous"],
+         ["When does {S} start the new job?", "When is {S}'s first day at {company}?",
+          "Where is {S} going to work?", "What job did {S} get?"],
+         [("O", "my job is driving me crazy this month"),
+          ("O", "{company} is hiring again, I saw an ad"),
+          ("S", "I have a job interview on {weekday}, wish me luck")]),
+    Fact("trip", ["we booked flights to {city} for {month}, I can't wait",
+                  "my {relative} and I are going to {city} in {month}!"],
+         ["Where is {S} travelling in {month}?", "Where is {S} going in {month}?",
+          "When is {S}'s trip to {city}?", "Who is going to {city}?"],
+         [("O", "my {relative} lived in {city} for a year"),
+          ("S", "I still have to renew my passport before {month}"),
+          ("O", "we're thinking about {city2} for the holidays")]),
+    Fact("gift", ["I bought my {relative} {gift} for her birthday, she loved it",
+                  "got {gift} for my {relative}'s birthday, hope she likes it"],
+         ["What did {S} buy for their {relative}'s birthday?",
+          "What did {S} give their {relative}?", "What present did {S} get for the birthday?"],
+         [("O", "my {relative}'s birthday is next week and I have no idea what to get"),
+          ("S", "my {relative} wants {gift2} for christmas")]),
+    Fact("injury", ["I hurt my {body} {how}, the doctor says two weeks of rest",
+                    "twisted my {body} {how} yesterday, it's so swollen"],
+         ["How did {S} hurt their {body}?", "What happened to {S}'s {body}?",
+          "Why does {S} have to rest for two weeks?"],
+         [("O", "my {body} has been sore since the weekend"),
+          ("S", "the doctor's office never picks up the phone")]),
+    Fact("learn", ["I signed up for {language} classes at the community center",
+                   "I've been learning {language} on my phone every morning"],
+         ["What language is {S} learning?", "Is {S} taking any classes?",
+          "Where is {S} taking {language} lessons?"],
+         [("O", "my cousin speaks {language} fluently"),
+          ("S", "the community center is closed for repairs")]),
+    Fact("move", ["we're moving to {area} next month, found a flat near {landmark}",
+                  "signed the lease! new place in {area}, five minutes from {landmark}"],
+         ["Where is {S} moving to?", "Where is {S}'s new flat?", "When is {S} moving?"],
+         [("O", "moving is the worst, I still have boxes from last year"),
+          ("S", "the rent near {landmark} is crazy")]),
+    Fact("book", ["you have to read {book}, it's about {theme}",
+                  "just finished {book}, a story about {theme}, loved it"],
+         ["What book did {S} recommend?", "Which book is about {theme}?",
+          "What was {S} reading?"],
+         [("O", "I haven't read a book in months"),
+          ("S", "I lent my copy of {book2} to my {relative}")]),
+]
+
+
+@dataclass
+class Question:
+    session: str
+    text: str
+    evidence: str  # the ref of the turn that answers it
+    kind: str
+    at: float | None = None  # when it is asked (questions with "yesterday", "last week")
+
+
+RESTAURANTS = ["Casa Nova", "the Golden Lotus", "Chez Mireille", "Bistro Oda", "the Blue Fig",
+               "Taverna Eleni", "Kimchi House", "the Copper Pot", "Trattoria Lupo",
+               "Saffron Lane", "the Salty Anchor", "Little Havana"]
+STATUSES = ["they say it needs another week", "it is finally sorted, what a relief",
+            "they want another form signed", "it costs twice what they quoted",
+            "nobody has called me back yet", "it went through on the first try"]
+# Facts told twice by the same person with the same words, at different times: only the
+# time in the question tells which one is meant ("time" questions).
+TIMED = [("dinner", "we had dinner at {a} on {weekday}, {reaction}",
+          "Where did {S} have dinner in {month}?", RESTAURANTS),
+         ("update", "quick update on {topic}: {a}",
+          "What did {S} say about {topic} {when}?", STATUSES)]
+TIMED_FACTS = 4  # per conversation
+
+
+ANSWER = {"visit": "place", "pet": "pet_name", "hobby": "verb", "job": "company",
+          "trip": "city", "gift": "gift", "injury": "body", "learn": "language",
+          "move": "area", "book": "book"}  # the slot a fact's question is about
+
+
+def _values(rng: random.Random, kind: str, used: set) -> dict | None:
+    """Slot values for one fact whose answer was not used before in the conversation
+    (None if this kind has no answer left)."""
+    for _ in range(50):
+        verb, ing, thing = rng.choice(HOBBIES)
+        v = {"place": rng.choice(PLACES), "weekday": rng.choice(WEEKDAYS),
+             "reaction": rng.choice(REACTIONS), "relative": rng.choice(RELATIVES),
+             "pet": rng.choice(PETS), "pet_name": rng.choice(PET_NAMES), "verb": verb,
+             "ing": ing, "thing": thing, "company": rng.choice(COMPANIES),
+             "month": rng.choice(MONTHS), "day": rng.randint(1, 28), "city": rng.choice(CITIES),
+             "gift": rng.choice(GIFTS), "body": rng.choice(BODY), "how": rng.choice(HOW),
+             "language": rng.choice(LANGUAGES), "area": rng.choice(AREAS),
+             "landmark": rng.choice(LANDMARKS), "book": rng.choice(BOOKS),
+             "theme": rng.choice(THEMES), "place2": rng.choice(PLACES),
+             "weekday2": rng.choice(WEEKDAYS), "reaction2": rng.choice(REACTIONS),
+             "ing2": rng.choice(HOBBIES)[1], "city2": rng.choice(CITIES),
+             "gift2": rng.choice(GIFTS), "book2": rng.choice(BOOKS)}
+        answer = (kind, v[ANSWER[kind]])
+        if answer not in used:
+            used.add(answer)
+            return v
+    return None
+
+
+def _filler(rng: random.Random, me: str, other: str, month: str) -> str:
+    return rng.choice(FILLER).format(
+        weekday=rng.choice(WEEKDAYS), food=rng.choice(FOODS), show=rng.choice(SHOWS),
+        work=rng.choice(WORK), weather=rng.choice(WEATHER), relative=rng.choice(RELATIVES),
+        topic=rng.choice(TOPICS), other=other, city=rng.choice(CITIES), month=month,
+        place=rng.choice(PLACES))
+
+
+def conversation(rng: random.Random, n: int, facts: int = FACTS,
+                 with_facts: bool = True) -> tuple[list[dict], list[Question]]:
+    """One conversation between two people: JSONL rows and the questions about it."""
+    a, b = rng.sample(NAMES, 2)
+    key = f"chat:{n:04d}-{a.lower()}-{b.lower()}"
+    sessions = rng.randint(*SESSIONS)
+    plan: list[list[tuple[str, str, str | None]]] = [[] for _ in range(sessions)]
+    questions: list[Question] = []
+    used: set = set()
+    for f in range(40 * facts if with_facts else 0):
+        if len(questions) == facts:
+            break
+        kind = rng.choice(FACT_KINDS)
+        speaker, other = (a, b) if rng.random() < 0.5 else (b, a)
+        if (kind.kind, speaker) in used:  # one of each kind per person: no two answers
+            continue
+        v = _values(rng, kind.kind, used)
+        if v is None:
+            continue
+        used.add((kind.kind, speaker))
+        at = rng.randrange(sessions)
+        ref = f"{key}:fact{f}"
+        plan[at].append((speaker, rng.choice(kind.statement).format(**v), ref))
+        for who, template in kind.distractors:
+            plan[rng.randrange(sessions)].append(
+                (speaker if who == "S" else other, template.format(**v), None))
+        asked = rng.choice(kind.questions).format(S=speaker, O=other, **v)
+        questions.append(Question(key, asked, ref, kind.kind))
+    trng = random.Random(f"timed-{key}")  # its own stream: the rest stays as it was
+    timed, tplan = [], [[] for _ in range(sessions)]
+    for f in range(TIMED_FACTS if with_facts else 0):
+        kind, statement, question, answers = TIMED[f % len(TIMED)]
+        speaker = trng.choice((a, b))
+        gap = 6 if kind == "dinner" else 3  # sessions apart: another month / week
+        s1 = trng.randrange(sessions - gap)
+        s2 = trng.randrange(s1 + gap, sessions)
+        topic = TOPICS[(n + f) % len(TOPICS)]
+        first, second = trng.sample(answers, 2)
+        refs = []
+        for at, answer in ((s1, first), (s2, second)):
+            ref = f"{key}:timed{f}-{at}"
+            tplan[at].append((speaker, statement.format(
+                a=answer, weekday=trng.choice(WEEKDAYS), reaction=trng.choice(REACTIONS),
+                topic=topic), ref))
+            refs.append(ref)
+        timed.append((kind, question, speaker, topic, trng.choice(refs)))
+    rows, turn = [], 0
+    for s in range(sessions):
+        day = START + timedelta(days=7 * s + rng.randint(0, 3), minutes=rng.randint(0, 600))
+        lines = [None] * rng.randint(*SESSION_TURNS)
+        for planted in plan[s]:  # at random places among the small talk
+            lines.insert(rng.randrange(len(lines) + 1), planted)
+        for planted in tplan[s]:  # (drawn apart: the rest of the corpus stays as it was)
+            lines.insert(trng.randrange(len(lines) + 1), (*planted, "timed"))
+        speaker = rng.choice((a, b))
+        for line in lines:
+            if line is not None and len(line) == 4:  # a timed fact: no draw from rng
+                who, body, ref, _ = line
+                turn += 1
+                rows.append({"session": key, "role": "user", "author": who, "text": body,
+                             "ts": (day + timedelta(seconds=40 * turn)).isoformat(),
+                             "ref": ref})
+                continue
+            other = b if speaker == a else a
+            if line is None:
+                line = (speaker, _filler(rng, speaker, other, MONTHS[min(s // 4, 8)]), None)
+            who, body, ref = line
+            turn += 1
+            rows.append({"session": key, "role": "user", "author": who, "text": body,
+                         "ts": (day + timedelta(seconds=40 * turn)).isoformat(),
+                         "ref": ref or f"{key}:{turn}"})
+            speaker = other if rng.random() < 0.85 else speaker
+    said = {r["ref"]: datetime.fromisoformat(r["ts"]) for r in rows}
+    for f, (kind, question, speaker, topic, ref) in enumerate(timed):
+        ts = said[ref]
+        if kind == "dinner":  # asked a day after the last session
+            last = max(said.values())
+            questions.append(Question(key, question.format(S=speaker, month=f"{ts:%B}"), ref,
+                                      "time", (last + timedelta(days=1)).timestamp()))
+        else:
+            when, later = (("yesterday", timedelta(days=1)) if f % 4 == 1
+                           else ("last week", timedelta(days=7)))
+            questions.append(Question(key, question.format(S=speaker, topic=topic, when=when),
+                                      ref, "time", (ts + later).timestamp()))
+    return rows, questions
+
+
+def corpus(seed: int, conversations: int) -> tuple[list[dict], list[Question]]:
+    rng = random.Random(seed)
+    rows, questions = [], []
+    for n in range(conversations):
+        r, q = conversation(rng, n)
+        rows += r
+        questions += q
+    return rows, questions
+
+
+# -- the baseline -------------------------------------------------------------------------
+
+
+def tokens(s: str) -> list[str]:
+    return re.findall(r"\w+", s.lower())
+
+
+class BM25:
+    """Plain Okapi BM25 over a list of (ref, text): no stemming, no stop words."""
+
+    def __init__(self, docs: list[tuple[str, str]], k1: float = 1.2, b: float = 0.75):
+        self.refs = [ref for ref, _ in docs]
+        self.tf = [Counter(tokens(body)) for _, body in docs]
+        self.length = [sum(tf.values()) for tf in self.tf]
+        self.avg = sum(self.length) / max(len(docs), 1)
+        self.k1, self.b = k1, b
+        self.postings: dict[str, list[int]] = defaultdict(list)
+        for i, tf in enumerate(self.tf):
+            for word in tf:
+                self.postings[word].append(i)
+
+    def idf(self, word: str) -> float:
+        df, n = len(self.postings.get(word, ())), len(self.refs)
+        return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+    def top(self, query: str, k: int) -> list[str]:
+        scores: dict[int, float] = defaultdict(float)
+        for word in set(tokens(query)):
+            idf = self.idf(word)
+            for i in self.postings.get(word, ()):
+                tf = self.tf[i][word]
+                norm = self.k1 * (1 - self.b + self.b * self.length[i] / self.avg)
+                scores[i] += idf * tf * (self.k1 + 1) / (tf + norm)
+        best = sorted(scores, key=lambda i: (-scores[i], -i))[:k]
+        return [self.refs[i] for i in best]
+
+
+def score(ranked: dict[int, list[str]], questions: list[Question]) -> dict:
+    """recall@5, recall@10 (%) and MRR of the evidence in each question's ranking."""
+    ranks = []
+    for i, q in enumerate(questions):
+        found = ranked[i][:10]
+        ranks.append(found.index(q.evidence) + 1 if q.evidence in found else None)
+    n = len(questions)
+    return {"recall@5": 100 * sum(1 for r in ranks if r and r <= 5) / n,
+            "recall@10": 100 * sum(1 for r in ranks if r) / n,
+            "MRR": sum(1 / r for r in ranks if r) / n}
+
+
+def by_kind(ranked: dict[int, list[str]], questions: list[Question]) -> dict[str, int]:
+    found = defaultdict(list)
+    for i, q in enumerate(questions):
+        found[q.kind].append(q.evidence in ranked[i][:10])
+    return {k: round(100 * statistics.mean(v)) for k, v in sorted(found.items())}
+
+
+# -- Steward ------------------------------------------------------------------------------
+
+
+def steward_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STEWARD_", "XDG_"))}
+    return {**env, "STEWARD_HOME": str(home), "XDG_CONFIG_HOME": str(home / "xdg")}
+
+
+async def steward(home: Path, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *args, cwd=home, env=steward_env(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"steward {' '.join(args)}: {err.decode()[-2000:]}")
+    return out.decode()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+async def ask_all(store, questions: list[Question], embedder=None,
+                  everywhere_too: bool = True) -> tuple[dict, list[float], list[float]]:
+    """Every question within its conversation (ranked refs, latencies) and over the whole
+    store (latencies), through what `steward search` and the tool call (`remember`: the
+    question's time and names, and the embeddings if given)."""
+    ranked, scoped, everywhere = {}, [], []
+    for i, q in enumerate(questions):
+        start = time.perf_counter()
+        hits = await remember(store, q.text, conversation_key=q.session, limit=10, context=0,
+                              at=q.at, embedder=embedder)
+        scoped.append(time.perf_counter() - start)
+        ranked[i] = [h.entry.ref for h in hits]
+        if everywhere_too:
+            start = time.perf_counter()
+            await remember(store, q.text, limit=10, context=0, at=q.at, embedder=embedder)
+            everywhere.append(time.perf_counter() - start)
+    return ranked, scoped, everywhere
+
+
+async def embed_all(store, embedder) -> float:
+    """The real background task (bot/memory/embedding_task.py) run until it has caught up;
+    returns the seconds it took."""
+    options = RunnerOptions(concurrency=2, lease_seconds=30, poll_seconds=0.05)
+    runner = Runner(store, Registry(EmbedEntries(store, embedder)), options)
+    await ensure_embedding(store, embedder)
+    started = time.perf_counter()
+    await runner.run(until_idle=True, horizon=1.0)
+    return time.perf_counter() - started
+
+
+FUSIONS = [(w, d) for w in (0.5, 0.7, 0.85) for d in (20, 50)]  # (lexical weight, depth)
+
+
+async def hybrid(store, questions: list[Question], out: dict) -> None:
+    """Embeddings from the deterministic stand-in provider (a hashed bag of words, over
+    HTTP; no model: none installs offline here), then each fusion of FUSIONS."""
+    async with FakeEmbeddings() as fake, httpx.AsyncClient() as http:
+        embedder = OpenAIEmbedder(http, base_url=fake.base_url, model=fake.model, hybrid=True)
+        out["embed all entries (s)"] = await embed_all(store, embedder)
+        note(f"  embedded ({fake.requests} requests); {len(FUSIONS)} fusions")
+        embedder.fusion = Fusion(0.0, 50)  # the vector ranking alone
+        ranked, _, _ = await ask_all(store, questions, embedder, everywhere_too=False)
+        out["vector alone (fake) recall@10 / MRR"] = _pair(score(ranked, questions))
+        for weight, depth in FUSIONS:
+            embedder.fusion = Fusion(weight, depth)
+            ranked, scoped, _ = await ask_all(store, questions, embedder, everywhere_too=False)
+            out[f"hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
+                score(ranked, questions))
+        out["hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
+
+
+def _pair(figures: dict) -> str:
+    return f"{figures['recall@10']:.1f} / {figures['MRR']:.3f}"
+
+
+async def settle(store) -> None:
+    """PostgreSQL after a bulk import, as autovacuum would leave it shortly after: the GIN
+    index's pending list merged (a fresh import is read from it row by row) and ANALYZEd."""
+    if store.dialect == "postgresql":
+        async with store._engines.write.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.exec_driver_sql("VACUUM ANALYZE entries, conversations")
+
+
+async def bigger(store, home: Path, seed: int, have: int) -> int:
+    """Filler conversations (no facts), imported in-process, until the store holds BIG."""
+    rng, n, added = random.Random(seed + 1), 10_000, 0
+    path = home / "filler.jsonl"
+    while have + added < BIG:
+        rows = []
+        while len(rows) < 100_000 and have + added + len(rows) < BIG:
+            r, _ = conversation(rng, n, with_facts=False)
+            rows += r[:BIG - have - added - len(rows)]
+            n += 1
+        await asyncio.to_thread(write_jsonl, path, rows)
+        report = await import_file(store, path, "jsonl", progress=Progress("filler"))
+        added += report.added
+        note(f"  filler: {have + added:,} entries")
+    return have + added
+
+
+async def run_backend(backend, rows: list[dict], questions: list[Question], seed: int,
+                      cli: int, big: bool, embeddings: bool = False) -> dict:
+    out: dict = {}
+    async with backend() as url:
+        with tempfile.TemporaryDirectory(prefix="steward-recall-") as tmp:  # blocking setup
+            home = Path(tmp)
+            (home / "config.toml").write_text(f'[store]\nurl = "{url}"\n')
+            await asyncio.to_thread(write_jsonl, home / "corpus.jsonl", rows)
+            note(f"  steward import ({len(rows):,} turns)")
+            started = time.perf_counter()
+            summary = json.loads(await steward(home, "import", "corpus.jsonl", "--json"))
+            out["import (s)"] = time.perf_counter() - started
+            if summary.get("added") != len(rows):
+                raise RuntimeError(f"import: {summary}")
+            store = await open_store(url)
+            try:
+                await settle(store)
+                note(f"  {len(questions)} questions through Store.search")
+                ranked, scoped, everywhere = await ask_all(store, questions)
+                out.update({f"steward {k}": v for k, v in score(ranked, questions).items()})
+                out["steward recall@10 by kind"] = by_kind(ranked, questions)
+                words = {}
+                for i, q in enumerate(questions):  # the ablation: no time, no names
+                    words[i] = [h.entry.ref for h in await store.search(
+                        q.text, conversation_key=q.session, limit=10, context=0)]
+                out.update({f"words only (Store.search) {k}": v
+                            for k, v in score(words, questions).items()})
+                out["words only recall@10 by kind"] = by_kind(words, questions)
+                out[f"search {len(rows):,} entries --session p50/p99 (ms)"] = p50_p99(scoped)
+                out[f"search {len(rows):,} entries all p50/p99 (ms)"] = p50_p99(everywhere)
+                note(f"  {cli} questions through steward search --json")
+                same = 0
+                untimed = [i for i, q in enumerate(questions) if q.at is None]
+                for i in random.Random(seed).sample(untimed, min(cli, len(untimed))):
+                    q = questions[i]
+                    found = await steward(home, "search", q.text, "--session", q.session,
+                                          "--limit", "10", "--json")
+                    same += [json.loads(line)["ref"] for line in found.splitlines()] == ranked[i]
+                out["cli sample identical to remember()"] = f"{same}/{cli}"
+                if embeddings:
+                    await hybrid(store, questions, out)
+                if big:
+                    total = await bigger(store, home, seed, len(rows))
+                    await settle(store)
+                    note(f"  {len(questions)} questions at {total:,} entries")
+                    ranked, scoped, everywhere = await ask_all(store, questions)
+                    out.update({f"steward@{total:,} {k}": v
+                                for k, v in score(ranked, questions).items()})
+                    out[f"search {total:,} entries --session p50/p99 (ms)"] = p50_p99(scoped)
+                    out[f"search {total:,} entries all p50/p99 (ms)"] = p50_p99(everywhere)
+            finally:
+                await store.close()
+    return out
+
+
+def baselines(rows: list[dict], questions: list[Question]) -> dict:
+    by_session: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_session[row["session"]].append(row)
+    out = {}
+    for label, text_of in (("bm25", lambda r: r["text"]),
+                           ("bm25+names", lambda r: f"{r['author']} {r['text']}")):
+        index = {s: BM25([(r["ref"], text_of(r)) for r in turns])
+                 for s, turns in by_session.items()}
+        ranked = {i: index[q.session].top(q.text, 10) for i, q in enumerate(questions)}
+        out.update({f"{label} {k}": v for k, v in score(ranked, questions).items()})
+        out[f"{label} recall@10 by kind"] = by_kind(ranked, questions)
+    return out
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="sqlite")
+    parser.add_argument("--conversations", type=int, default=20)
+    parser.add_argument("--cli", type=int, default=20, help="questions also asked via the CLI")
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--big", action="store_true", help=f"again at {BIG:,} entries")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="also embed (stand-in provider over HTTP) and measure fusions")
+    args = parser.parse_args()
+    rows, questions = corpus(args.seed, args.conversations)
+    note(f"corpus: {args.conversations} conversations, {len(rows):,} turns, "
+         f"{len(questions)} questions")
+    figures = {"corpus": {"turns": len(rows), "questions": len(questions)},
+               "baseline": baselines(rows, questions)}
+    backends = {"sqlite": sqlite_url, "postgres": postgres_url}
+    for name in (list(backends) if args.backend == "both" else [args.backend]):
+        note(f"{name}:")
+        figures[name] = await run_backend(backends[name], rows, questions, args.seed,
+                                          min(args.cli, len(questions)), args.big,
+                                          args.embeddings)
+        figures[name]["recall@10 over bm25 (points)"] = (
+            figures[name]["steward recall@10"] - figures["baseline"]["bm25 recall@10"])
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    width = max(len(m) for f in figures.values() for m in f) + 2
+    print(f"{'':<10}{'metric':<{width}}value")
+    for name, metrics in figures.items():
+        for metric, value in metrics.items():
+            shown = value if isinstance(value, str | dict) else fmt(value)
+            print(f"{name:<10}{metric:<{width}}{shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,267 @@
+"""The terminal front end: `ask`, `chat` and `resume` render committed state as it is
+published (streamed partials, then the delivered answer).
+
+`chat` reads its lines on the event loop itself (the loop watches stdin), never in a thread
+blocked in `input()`: Ctrl-C at the prompt then leaves at once, instead of when Enter is
+next pressed (a thread cannot be interrupted, and the process would wait for it). When the
+model gave no answer (its provider unreachable, say) the answer shown is the apology the
+conversation keeps, and one line on stderr says why; `ask` then exits 1.
+"""
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+from datetime import UTC, datetime
+from typing import TextIO
+
+from bot.agent.apology import redact
+from bot.agent.approval import ANSWERS
+from bot.agent.approval import KIND as APPROVAL
+from bot.agent.events import Event
+from bot.agent.inbox import submit_message
+from bot.app.wiring import App
+from store import DONE, TERMINAL, WAITING, new_id
+
+POLL = 0.05
+RESUME_HORIZON = 60.0  # seconds: `resume` waits for retries due this soon
+READ_SIZE = 65536
+
+
+class Renderer:
+    """Writes one conversation's stream so that it ends up showing each answer once.
+
+    On a terminal, partials stream in; when a stream restarts (a retry, or a crash resumed)
+    the fragment shown so far is erased before the new text starts. Anywhere else (a pipe,
+    a file) partials cannot be taken back, so only final answers are written."""
+
+    def __init__(self, out: TextIO, live: bool | None = None):
+        self.out = out
+        self.live = _is_terminal(out) if live is None else live
+        self.shown = ""
+
+    def show(self, event: Event) -> None:
+        if event.kind == "retry":
+            self._erase()
+        elif event.kind == "partial" and self.live:
+            text = event.data["text"]
+            if not text.startswith(self.shown):
+                self._erase()
+            self.out.write(text[len(self.shown):])
+            self.shown = text
+        elif event.kind == "final":
+            text = event.data["text"]
+            if not text.startswith(self.shown):
+                self._erase()
+            self.out.write(text[len(self.shown):] + "\n")
+            self.shown = ""
+        self.out.flush()
+        written = event.data.get("written")
+        if written is not None and not written.done():  # the delivery may go on now
+            written.set_result(None)
+
+    def _erase(self) -> None:
+        """Take the shown fragment off the screen: to the start of its first line, then
+        clear to the end of the screen."""
+        if not self.shown:
+            return
+        width = max(1, shutil.get_terminal_size().columns)
+        rows = sum(max(1, -(-len(line) // width)) for line in self.shown.split("\n"))
+        self.out.write("\r" + (f"\x1b[{rows - 1}F" if rows > 1 else "") + "\x1b[J")
+        self.shown = ""
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+async def wait_for_turn(app: App, turn_id: str, out: TextIO, conversation_id: int) -> dict:
+    """Run until the turn ends, rendering its conversation; returns the turn's result."""
+    queue = app.deps.events.subscribe(conversation_id)
+    renderer = Renderer(out)
+    finals = 0
+    try:
+        while True:
+            while not queue.empty():
+                event = queue.get_nowait()
+                finals += event.kind == "final"
+                renderer.show(event)
+            task = await app.store.get_task(turn_id)
+            if task.state in TERMINAL or (task.state == WAITING
+                                          and await _asked_for_approval(app, turn_id)):
+                while not queue.empty():  # what was published while we looked
+                    event = queue.get_nowait()
+                    finals += event.kind == "final"
+                    renderer.show(event)
+                break
+            with contextlib.suppress(TimeoutError):
+                event = await asyncio.wait_for(queue.get(), POLL)
+                finals += event.kind == "final"
+                renderer.show(event)
+    finally:
+        app.deps.events.unsubscribe(queue)
+    result = task.result or {}
+    if not finals and result.get("text"):  # answered earlier (same request id) or elsewhere
+        out.write(result["text"] + "\n")
+    if task.state == WAITING:
+        out.write("[waiting for your approval: answer with the code above]\n")
+    elif task.state != "done":
+        out.write(f"[turn {task.state}: {task.error}]\n")
+    out.flush()
+    return result
+
+
+async def _asked_for_approval(app: App, turn_id: str) -> bool:
+    """The turn waits for the person: its approval request has been shown."""
+    for approval in await app.store.list_tasks(parent_id=turn_id, kind=APPROVAL, active=True):
+        if approval.phase == "waiting" and any(
+                t.state == DONE for t in await app.store.list_tasks(parent_id=approval.id)) \
+                and await app.store.submission_state(ANSWERS, approval.id) is None:
+            return True
+    return False
+
+
+async def say(app: App, session: str, text: str, out: TextIO,
+              request_id: str | None = None, turn_ids: list[str] | None = None) -> dict:
+    """Submit one terminal message and render its turn until it ends (or waits for an
+    approval). An answer to an approval ("yes 1a2b3c4d") renders the turn that waited.
+    The turn's id is appended to `turn_ids` when given."""
+    accepted = await submit_message(
+        app.store, channel="cli", external_ids=[f"request:{request_id or new_id()}"],
+        conversation_key=session, text=text, author="you")
+    app.runner.wake()
+    if turn_ids is not None:
+        turn_ids.append(accepted.turn_id)
+    if accepted.approval is not None:
+        out.write(f"[{accepted.approval}]\n")
+        turn = await app.store.get_task(accepted.turn_id)
+        return await wait_for_turn(app, turn.id, out, turn.conversation_id)
+    return await wait_for_turn(app, accepted.turn_id, out, accepted.conversation.id)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: App):
+    """The runner works in the background while the terminal talks; then it drains."""
+    job = asyncio.create_task(app.runner.run())
+    try:
+        yield
+    finally:
+        await app.runner.drain(app.config.runtime.drain_seconds)
+        await job
+
+
+async def model_failure(app: App, turn_id: str) -> str | None:
+    """Why the turn's model gave no answer (the error of its last LLM call), or None."""
+    calls = await app.store.list_tasks(parent_id=turn_id, kind="llm_call", newest_first=True,
+                                       limit=1)
+    if not calls or calls[0].state not in TERMINAL:
+        return None
+    call = calls[0]
+    if call.state == DONE:
+        return (call.result or {}).get("error")
+    return call.error or call.state
+
+
+async def _turn(app: App, session: str, text: str, out: TextIO, err: TextIO,
+                request_id: str | None = None) -> bool:
+    """Say `text` and render the turn; False (with a line on `err`) when the model gave no
+    answer or the turn did not finish."""
+    turn_ids: list[str] = []
+    await say(app, session, text, out, request_id, turn_ids=turn_ids)
+    [turn_id] = turn_ids
+    failure = await model_failure(app, turn_id)
+    if failure is not None:
+        where = getattr(app.deps.client, "base_url", None)
+        err.write(f"steward: the model gave no answer: {redact(failure)}"
+                  + (f" ({where})" if where else "") + "\n")
+        err.flush()
+        return False
+    return (await app.store.get_task(turn_id)).state in (DONE, WAITING)
+
+
+async def ask(app: App, session: str, text: str, request_id: str | None,
+              out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    async with serving(app):
+        ok = await _turn(app, session, text, out, err, request_id)
+    return 0 if ok else 1
+
+
+class StdinLines:
+    """Lines from a file descriptor, read when the event loop says it is readable (a
+    terminal or a pipe); a regular file, which is always readable and which the loop cannot
+    watch, is read in a thread (a read from a file never waits for a person)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = b""
+        self._eof = False
+
+    async def readline(self) -> str | None:
+        """The next line without its newline; None at the end of the input."""
+        while b"\n" not in self._buffer and not self._eof:
+            chunk = await self._read()
+            self._eof = not chunk
+            self._buffer += chunk
+        if not self._buffer:
+            return None
+        line, newline, rest = self._buffer.partition(b"\n")
+        self._buffer = rest if newline else b""
+        return line.decode("utf-8", "replace").removesuffix("\r")
+
+    async def _read(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        try:
+            loop.add_reader(self.fd, lambda: ready.done() or ready.set_result(None))
+        except (PermissionError, ValueError, NotImplementedError):
+            return await asyncio.to_thread(os.read, self.fd, READ_SIZE)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(self.fd)
+        return os.read(self.fd, READ_SIZE)  # readable: this returns at once
+
+
+async def chat(app: App, session: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+               lines: StdinLines | None = None) -> int:
+    lines = lines or StdinLines(sys.stdin.fileno())
+    out.write(f"steward chat — session {session}; an empty line, Ctrl-D or Ctrl-C ends it\n")
+    async with serving(app):
+        while True:
+            out.write("you> ")
+            out.flush()
+            try:
+                line = await lines.readline()
+            except asyncio.CancelledError:  # Ctrl-C: off the prompt's line, then out
+                out.write("\n")
+                out.flush()
+                raise
+            if line is None or not line.strip():
+                break
+            await _turn(app, session, line, out, err)
+    return 0
+
+
+async def resume(app: App, out: TextIO = sys.stdout) -> int:
+    """Finish what is ready or interrupted; answers for the terminal are printed with
+    their session."""
+    queue = app.deps.events.subscribe()
+    # Retries a minute away are waited for; an outage's longer backoff is left to `run`.
+    await app.runner.run(until_idle=True, horizon=RESUME_HORIZON)
+    while not queue.empty():
+        event = queue.get_nowait()
+        if event.kind == "final":
+            out.write(f"[{event.data['conversation_key']}] {event.data['text']}\n")
+    counts = await app.store.count_tasks()
+    out.write("tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")
+              + "\n")
+    due = await app.store.next_due()
+    if due is not None:
+        at = datetime.fromtimestamp(due, UTC).isoformat(timespec="seconds")
+        out.write(f"the next retry is due at {at}: `steward run` (or resume then) takes it\n")
+    out.flush()
+    return 0

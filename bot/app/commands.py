@@ -1,0 +1,445 @@
+"""What each `steward` command does (the parser is `bot/app/cli.py`), and every error that
+ends one as a single line.
+
+Imports are made by the command that needs them: `sessions`, `log` and `search` load the
+store and the config, not the agent, the model clients, Slack or Alembic (start-up time is
+what a person waits for at every command; tests/test_cli_startup.py keeps it so)."""
+
+import asyncio
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.app.config import ConfigError, load_config
+from bot.app.config import StewardConfig as Config
+from bot.app.errors import UsageError
+from bot.app.opened import opened_store
+from bot.home import HomeError, check_home
+
+CELL = 60  # characters of a listing's cell shown; the rest is cut with "…"
+
+
+def _ts(t: float) -> str:
+    """ISO-8601 in UTC, as the JSONL import format and search results have it."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+def _cell(value) -> str:
+    if value is None or value == "":
+        return "-"
+    text = " ".join(str(value).split())  # one line per row, whatever the value holds
+    return text if len(text) <= CELL else text[:CELL - 1] + "…"
+
+
+def _emit(rows: list[dict], as_json: bool, columns: list[str], empty: str) -> None:
+    """A listing: one JSON object per line (nothing at all when empty), or a table with a
+    header, its columns aligned, and the line `empty` when there are no rows."""
+    if as_json:
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False, default=str))
+        return
+    if not rows:
+        print(empty)
+        return
+    table = [[c.upper() for c in columns]] + [[_cell(row.get(c)) for c in columns]
+                                              for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    for line in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+async def _tasks(config: Config, args) -> int:
+    async with opened_store(config) as store:
+        found = await store.list_tasks(state=args.state, limit=args.limit)
+    rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
+             "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
+             "failure": t.failure, "updated": _ts(t.updated_at)} for t in found]
+    _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "failure", "error"],
+          f"no {args.state} tasks" if args.state else "no tasks")
+    return 0
+
+
+async def _schedules(config: Config, args) -> int:
+    async with opened_store(config) as store:
+        found = await store.list_schedules(state=None if args.all else "active",
+                                           limit=args.limit)
+        keys = {}
+        for s in found:
+            if s.conversation_id is not None and s.conversation_id not in keys:
+                keys[s.conversation_id] = (await store.get_conversation_by_id(
+                    s.conversation_id)).key
+    rows = [{"id": s.id, "name": s.name, "state": s.state, "trigger": s.trigger,
+             "timezone": s.timezone, "next": _ts(s.next_fire_at) if s.next_fire_at else None,
+             "last": _ts(s.last_fire_at) if s.last_fire_at else None, "fired": s.fired,
+             "session": keys.get(s.conversation_id), "deliver": s.deliver.get("channel"),
+             "prompt": s.prompt} for s in found]
+    _emit(rows, args.json, ["id", "state", "next", "name", "session"],
+          "no schedules" if args.all else
+          "no active schedules (--all also lists finished and cancelled ones)")
+    return 0
+
+
+async def _quarantine(config: Config, args) -> int:
+    async with opened_store(config) as store:
+        found = await store.list_submissions(state="quarantined", channel=args.channel,
+                                             limit=args.limit)
+    rows = [{"channel": q["channel"], "external_id": q["external_id"], "reason": q["reason"],
+             "ts": _ts(q["created_at"])} for q in found]
+    _emit(rows, args.json, ["ts", "channel", "external_id", "reason"],
+          f"nothing quarantined from {args.channel}" if args.channel
+          else "nothing quarantined")
+    return 0
+
+
+async def _usage(config: Config, args) -> int:
+    """The ledger by person, model and day (days in `[agent] timezone`), in `[limits]
+    currency`, newest day first."""
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(config.agent.timezone)
+    now = datetime.now(zone)
+    offset = now.utcoffset().total_seconds()
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0).timestamp() \
+        - 86400 * (args.days - 1)
+    async with opened_store(config) as store:
+        found = await store.spend_report(start, day_offset=offset)
+    limits = config.limits
+    rows = [{"day": datetime.fromtimestamp(r["day"] * 86400, UTC).strftime("%Y-%m-%d"),
+             "person": r["owner"] or "-", "model": r["model"], "calls": r["calls"],
+             "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
+             "cost": round(r["cost"] * limits.per_usd, 6), "currency": limits.currency}
+            for r in reversed(found)][:args.limit]
+    _emit(rows, args.json, ["day", "person", "model", "calls", "input_tokens",
+                            "output_tokens", "cost"],
+          f"no model calls in the last {args.days} days")
+    if rows and not args.json:
+        total = sum(r["cost"] for r in rows)
+        print(f"total {total:.2f} {limits.currency}")
+    return 0
+
+
+async def _sessions(config: Config, args) -> int:
+    async with opened_store(config) as store:
+        found = await store.list_conversations(limit=args.limit)
+    rows = [{"key": c.key, "entries": c.last_seq, "owner": c.owner,
+             "parent": c.parent_id, "fork_at": c.fork_at, "updated": _ts(c.updated_at)}
+            for c in found]
+    _emit(rows, args.json, ["key", "entries", "updated"], "no conversations yet")
+    return 0
+
+
+async def _log(config: Config, args) -> int:
+    async with opened_store(config) as store:
+        conv = await store.get_conversation(args.key)
+        page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
+    rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "role": e.kind,
+             "author": e.author,
+             "text": e.text, "ts": _ts(e.created_at), "ref": e.ref, "data": e.data}
+            for e in page]
+    if args.json:
+        _emit(rows, True, [], "")
+        return 0
+    if not rows:
+        print(f"no entries before {args.before} in {args.key}" if args.before is not None
+              else f"no entries in {args.key}")
+    for r in rows:
+        calls = "".join(f" -> {c['name']}({json.dumps(c['arguments'], ensure_ascii=False)})"
+                        for c in (r["data"] or {}).get("tool_calls", []))
+        author = f" {r['author']}" if r["author"] else ""
+        print(f"[{r['entry']}] {r['ts']} {r['kind']}{author}: {r['text']}{calls}")
+    return 0
+
+
+async def _fork(config: Config, args) -> int:
+    from sqlalchemy.exc import IntegrityError
+
+    from store import NotFound
+
+    async with opened_store(config) as store:
+        parent = await store.get_conversation(args.key)
+        at = parent.last_seq if args.at is None else args.at
+        if at > parent.last_seq:
+            raise UsageError(f"{args.key} has {parent.last_seq} entries; --at {at} is past "
+                             "its end")
+        new_key = args.new_key or f"{args.key}@{at}"
+        taken = f"a conversation {new_key!r} already exists; name the fork with --as KEY"
+        try:
+            await store.get_conversation(new_key)
+            raise UsageError(taken)
+        except NotFound:
+            pass
+        try:
+            child = await store.fork(args.key, new_key, at_seq=at)
+        except IntegrityError:  # made meanwhile by someone else
+            raise UsageError(taken) from None
+    print(child.key)
+    return 0
+
+
+async def _doc(config: Config, args) -> int:
+    from store import NotFound, conversation_namespace
+
+    async with opened_store(config) as store:
+        conv = await store.get_conversation(args.key)
+        namespace = conversation_namespace(conv.id)
+        try:
+            doc = await store.read_document(namespace, args.name)
+        except NotFound:
+            raise NotFound(f"{args.key} has no document {args.name!r}") from None
+        if args.as_of is not None:
+            try:
+                doc = await store.read_document(namespace, args.name, as_of_seq=args.as_of)
+            except NotFound:
+                raise NotFound(f"document {args.name!r} of {args.key} did not exist yet at "
+                               f"entry {args.as_of}") from None
+    if args.json:
+        print(json.dumps({"session": args.key, "name": args.name, "version": doc.version,
+                          "at": doc.at_seq, "value": doc.value}, ensure_ascii=False))
+    else:
+        print(json.dumps(doc.value, indent=2, ensure_ascii=False))
+    return 0
+
+
+async def _db(config: Config, args) -> int:
+    from store.engine import create_engines, migrate
+
+    engines = create_engines(config.store_url)
+    try:
+        await migrate(engines)
+    finally:
+        await engines.dispose()
+    print("database is up to date")
+    return 0
+
+
+async def _with_app(config: Config, body) -> int:
+    from bot.app import wiring as app
+
+    async with app.open_app(config) as opened:
+        if opened.banner:
+            print(opened.banner, file=sys.stderr)
+        return await body(opened)
+
+
+async def _context(config: Config, args) -> int:
+    from bot.agent.context import assemble
+    from bot.app.inspector.source import open_source  # the store, tools and model, no runner
+
+    async with open_source(config) as source:  # looking resumes and claims nothing
+        conv = await source.store.get_conversation(args.key)
+        request = (await assemble(source.store, config, conv.id, tools=source.tools,
+                                  model=source.model)).request
+    if args.json:
+        print(request.model_dump_json())
+        return 0
+    print(f"model: {request.model or '(default)'}   tools: "
+          f"{', '.join(t.name for t in request.tools) or 'none'}")
+    for m in request.messages:
+        calls = "".join(f"\n  -> {c.name}({json.dumps(c.arguments)}) [{c.id}]"
+                        for c in m.tool_calls)
+        label = m.role + (f" [{m.tool_call_id}]" if m.tool_call_id else "")
+        print(f"--- {label}\n{m.content}{calls}")
+    return 0
+
+
+async def _compact(config: Config, args) -> int:
+    from bot.agent.compact import KIND as COMPACT
+    from bot.app import wiring as app
+    from store import Writes
+
+    async with app.open_app(config) as opened:
+        conv = await opened.store.get_conversation(args.key)
+        w = Writes()
+        task_id = w.spawn(COMPACT, {"reason": "on demand"}, conversation_id=conv.id)
+        await opened.store.commit(w)
+        await opened.runner.run(until_idle=True)
+        task = await opened.store.get_task(task_id)
+        conv = await opened.store.get_conversation(args.key)
+    if task.state != "done":
+        print(f"steward: compaction {task.state}: {task.error}", file=sys.stderr)
+        return 1
+    if "skipped" in (task.result or {}):
+        print(f"nothing to compact: {task.result['skipped']}")
+    else:
+        print(f"compacted {args.key} up to entry {task.result['cut']}; "
+              f"the summary is entry {conv.head_seq}")
+    return 0
+
+
+async def _ask(config: Config, args) -> int:
+    text = " ".join(args.text)
+    if not text.strip():
+        raise UsageError("nothing to ask: the message is empty")
+    from bot.app import chat
+
+    return await _with_app(config, lambda o: chat.ask(o, args.session, text, args.request_id))
+
+
+async def _run(config: Config, args) -> int:
+    from bot.app import wiring
+
+    return await wiring.run_forever(config)
+
+
+async def _resume(config: Config, args) -> int:
+    from bot.app import chat
+
+    return await _with_app(config, chat.resume)
+
+
+async def _chat(config: Config, args) -> int:
+    from bot.app import chat
+
+    return await _with_app(config, lambda o: chat.chat(o, args.session))
+
+
+async def _search(config: Config, args) -> int:
+    from bot.memory.search import search_command
+
+    return await search_command(config, args)
+
+
+async def _import(config: Config, args) -> int:
+    from bot.app.importers import import_command
+
+    return await import_command(config, args)
+
+
+async def _web(config: Config, args) -> int:
+    from bot.app.inspector.server import serve  # aiohttp's web stack only for this command
+
+    await serve(config, args.host, args.port,
+                args.token or os.environ.get("STEWARD_WEB_TOKEN"))
+    return 0
+
+
+COMMANDS = {
+    "run": _run,
+    "resume": _resume,
+    "ask": _ask,
+    "chat": _chat,
+    "context": _context,
+    "compact": _compact,
+    "search": _search,
+    "import": _import,
+    "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
+    "quarantine": _quarantine,
+    "usage": _usage,
+    "fork": _fork, "doc": _doc, "web": _web,
+}
+
+# -- errors as one line ------------------------------------------------------------------
+
+_DATABASE_MODULES = ("asyncpg", "aiosqlite", "sqlalchemy", "store")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _raised_in(exc: BaseException, modules: tuple[str, ...]) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__", "")
+        if name.split(".")[0] in modules:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _database_problem(exc: BaseException, config: Config | None) -> str | None:
+    """The line for a database that cannot be reached or opened, or None if `exc` is not
+    that. asyncpg lets socket errors through as they are (refused, unknown host, timeout);
+    SQLAlchemy wraps what the drivers call errors."""
+    from sqlalchemy.exc import DBAPIError
+
+    from_driver = type(exc).__module__.split(".")[0] in ("asyncpg", "aiosqlite", "sqlite3")
+    if not (isinstance(exc, DBAPIError) or from_driver
+            or isinstance(exc, OSError) and _raised_in(exc, _DATABASE_MODULES)):
+        return None
+    detail = _first_line(exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc)
+    if config is None:
+        return f"the database: {detail}"
+    from sqlalchemy.engine import make_url
+
+    origin = "[store] url" + (f" in {config.path}" if config.path and config.store.url
+                              else "" if config.store.url else " (empty: SQLite in the home)")
+    url = make_url(config.store_url)
+    if url.get_backend_name() == "postgresql":
+        where = f"{url.host or 'localhost'}:{url.port or 5432}"
+        if isinstance(exc, OSError):
+            return (f"cannot reach PostgreSQL at {where} (database {url.database!r}, from "
+                    f"{origin}): {detail}; is the server running and the address right?")
+        return f"PostgreSQL at {where} (database {url.database!r}, from {origin}): {detail}"
+    return f"cannot use the SQLite database {url.database} (from {origin}): {detail}"
+
+
+def _describe(exc: BaseException, config: Config | None) -> tuple[int, str]:
+    """(exit code, the line to print) for an exception that ended a command."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe(exc.exceptions[0], config)
+    from bot.tools.base import ToolModuleError
+    from store import StoreError
+
+    if isinstance(exc, ToolModuleError):  # the config named it: say which file
+        exc = ConfigError(config.path if config else None, [("[agent] tool_modules", str(exc))])
+    if isinstance(exc, ConfigError | UsageError | HomeError):
+        return 2, str(exc)
+    database = _database_problem(exc, config)
+    if database is not None:
+        return 1, database
+    if isinstance(exc, StoreError | ValueError):
+        return 1, _first_line(exc)
+    return 1, (f"unexpected error: {type(exc).__name__}: {_first_line(exc)} "
+               "(STEWARD_DEBUG=1 shows where)")
+
+
+def _home_origin(args) -> str:
+    if args.home:
+        return "--home"
+    return "$STEWARD_HOME" if os.environ.get("STEWARD_HOME") else ""
+
+
+def _init(args) -> int:
+    from bot.app import init
+
+    return init.run(args)
+
+
+def _doctor(args) -> int:
+    from bot.app import doctor
+
+    return asyncio.run(doctor.run(args))
+
+
+def _service(args) -> int:
+    from bot.app import service
+
+    return service.run(args)
+
+
+# Commands that read the config themselves: init writes it, doctor reports what is wrong
+# with it, service installs what will read it.
+SETUP = {"init": _init, "doctor": _doctor, "service": _service}
+
+
+def run(args) -> int:
+    """Run the parsed command; its exit code (errors printed as one line)."""
+    config = None
+    try:
+        if args.command in SETUP:
+            return SETUP[args.command](args)
+        config = load_config(args.config, args.home, os.environ, Path.cwd())
+        check_home(config.home, _home_origin(args))
+        return asyncio.run(COMMANDS[args.command](config, args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("STEWARD_DEBUG"):
+            raise
+        code, line = _describe(exc, config)
+        print(f"steward: {line}", file=sys.stderr)
+        return code

@@ -1,0 +1,32 @@
+"""The whole config file: the core's sections (bot/config.py) and each connector's own,
+assembled here, the one place that knows every connector."""
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from bot import config as core
+from bot.config import ConfigError, find_config_path, resolve_home  # noqa: F401 (re-exported)
+from connectors.email.config import EmailConfig
+from connectors.slack.config import SlackConfig
+
+
+class StewardConfig(core.Config):
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    email: EmailConfig = Field(default_factory=EmailConfig)
+
+
+def load_config(cli_config: str | None = None, cli_home: str | None = None,
+                env: Mapping[str, str] = os.environ, cwd: Path | None = None
+                ) -> StewardConfig:
+    """Find, read, validate and check the config; raise ConfigError on any problem."""
+    return core.load_config(cli_config, cli_home, env, cwd, model=StewardConfig)
+
+
+def build_config(data: Mapping[str, Any], *, home: Path, path: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> StewardConfig:
+    """Validate already-parsed TOML data (also handy in tests: no file needed)."""
+    return core.build_config(data, home=home, path=path, env=env, model=StewardConfig)

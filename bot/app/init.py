@@ -1,0 +1,304 @@
+"""`steward init`: write config.toml, asking on a terminal or taking flags with `--yes`.
+
+The file names environment variables and never holds a secret: tokens and passwords are
+set in the environment (or in the service's environment file, `steward service install`).
+What is already on the machine is offered first: an API key in the environment, a local
+Ollama. The text is checked by the config loader before it is written, so what `init`
+writes is what `steward run` accepts.
+"""
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bot.app import configfile, presets, slack_manifest
+from bot.app.errors import UsageError
+from bot.app.toml_text import Table, render
+
+
+class Prompter:
+    """Questions on a terminal; without one (`--yes`) every answer is its default."""
+
+    def __init__(self, interactive: bool, out=sys.stdout, read: Callable[[], str] = input):
+        self.interactive = interactive
+        self.out = out  # what init tells the person (stderr when stdout is the config)
+        self._read = read
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def ask(self, question: str, default: str = "") -> str:
+        if not self.interactive:
+            return default
+        shown = f" [{default}]" if default else ""
+        try:
+            self.out.write(f"{question}{shown}: ")
+            self.out.flush()
+            answer = self._read().strip()
+        except EOFError:
+            raise UsageError("init stopped: no answer (end of input)") from None
+        return answer or default
+
+    def choose(self, question: str, choices: dict[str, str], default: str) -> str:
+        if not self.interactive:
+            return default
+        self.say(f"\n{question}")
+        for key, label in choices.items():
+            self.say(f"  {key:<11} {label}")
+        while True:
+            answer = self.ask("choose", default)
+            if answer in choices:
+                return answer
+            self.say(f"  one of: {', '.join(choices)}")
+
+    def listed(self, question: str, default: list[str] | None) -> list[str]:
+        text = self.ask(question, ", ".join(default or []))
+        return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def run(args, env=os.environ) -> int:
+    interactive = not args.yes
+    if interactive and not sys.stdin.isatty():
+        raise UsageError("init asks its questions on a terminal; without one, use --yes "
+                         "and flags (steward init --help)")
+    target = _target(args, env)
+    if not args.print_only:
+        _refuse_to_overwrite(target, args, env)
+    ask = Prompter(interactive, out=sys.stderr if args.print_only else sys.stdout)
+    if interactive:
+        ask.say(f"Steward set-up: writes {target} (secrets stay in environment variables; "
+              "Enter takes the [default]).")
+    tables, secrets = [], []
+    tables += _model(args, ask, env, secrets)
+    tables += _slack(args, ask, secrets)
+    tables += _email(args, ask, secrets)
+    text = render(tables, header=[
+        "Steward's config (written by `steward init`). Secrets are not in this file: it",
+        "names the environment variables that hold them. See config.example.toml for every",
+        "key, and `steward doctor` to check that everything works."])
+    _check(text, target, args, env)
+    if args.print_only:
+        print(text, end="")
+        return 0
+    _write(target, text)
+    _report(target, secrets, env)
+    return 0
+
+
+def _target(args, env) -> Path:
+    if args.config:
+        path = Path(args.config).expanduser()
+        return path if path.is_absolute() else Path.cwd() / path
+    return configfile.default_path(env)
+
+
+def _refuse_to_overwrite(target: Path, args, env) -> None:
+    if target.is_dir():
+        raise UsageError(f"{target} is a directory; name a file with --config")
+    if not target.exists() or args.force:
+        return
+    try:
+        configfile.load_lenient(_Args(str(target), args.home), env)
+    except configfile.ConfigError as exc:
+        raise UsageError(f"{exc} (the file already exists: fix it, or `steward init "
+                         "--force` writes a new one)") from None
+    raise UsageError(f"{target} already exists (`steward doctor` checks it); --force "
+                     "replaces it")
+
+
+class _Args:
+    def __init__(self, config: str | None, home: str | None):
+        self.config, self.home = config, home
+
+
+# -- the model -------------------------------------------------------------------------
+
+
+def _detected(args, env) -> tuple[str, list[str]]:
+    """(the provider to offer first, the models a local Ollama lists)."""
+    found = []
+    if args.provider in (None, "auto", "ollama"):
+        found = asyncio.run(ollama_models(args.ollama_url))
+    if env.get("OPENAI_API_KEY"):
+        return "openai", found
+    if env.get("ANTHROPIC_API_KEY"):
+        return "anthropic", found
+    return ("ollama" if found else "auto"), found
+
+
+async def ollama_models(url: str) -> list[str]:
+    """The models an Ollama at `url` lists, or [] if none answers soon."""
+    import httpx
+
+    from bot.llm.factory import ollama_models as listed
+
+    async with httpx.AsyncClient() as http:
+        return await listed(http, url)
+
+
+def _model(args, ask: Prompter, env, secrets: list[str]) -> list[Table]:
+    offered, models = _detected(args, env)
+    labels = {
+        "auto": "decide at each start: a key in the environment, a local Ollama, else the "
+                "offline demo",
+        "openai": "OpenAI" + (" (OPENAI_API_KEY is set)" if env.get("OPENAI_API_KEY") else ""),
+        "anthropic": "Anthropic" + (" (ANTHROPIC_API_KEY is set)"
+                                    if env.get("ANTHROPIC_API_KEY") else ""),
+        "ollama": f"Ollama at {args.ollama_url}" + (f" ({len(models)} models)" if models
+                                                     else " (not answering now)"),
+        "compatible": "another OpenAI-compatible server (llama.cpp, vLLM, OpenRouter...)",
+        "demo": "the offline demo model (no provider)",
+    }
+    choice = args.provider or ask.choose("Which model should Steward use?", labels, offered)
+    provider, model, key_env, base_url = presets.PROVIDERS[choice]
+    if choice == "ollama":
+        if not models and not args.model:
+            raise UsageError(f"no Ollama answered at {args.ollama_url}: start it (ollama "
+                             "serve), or name the model with --model")
+        base_url = f"{args.ollama_url.rstrip('/')}/v1"
+        model = args.model or ask.choose("Which Ollama model?", {m: "" for m in models},
+                                         models[0])
+    elif choice == "compatible":
+        base_url = args.base_url or ask.ask("Its base URL (ending in /v1)")
+        if not base_url:
+            raise UsageError("provider compatible needs --base-url (the server's /v1 URL)")
+        model = args.model or ask.ask("Model name")
+        key_env = args.api_key_env if args.api_key_env is not None else ask.ask(
+            "Variable holding its API key (empty: none)")
+    elif choice in ("openai", "anthropic"):
+        model = args.model or ask.ask("Model", model)
+        key_env = args.api_key_env or ask.ask("Variable holding the API key", key_env)
+    llm = Table("llm")
+    if provider:
+        llm["provider"] = provider
+    if model and choice != "auto":
+        llm["model"] = model
+    if base_url:
+        llm["base_url"] = base_url
+    if key_env and choice != "auto":
+        llm["api_key_env"] = key_env
+        secrets.append(key_env)
+    if choice == "auto":
+        llm.comment = "no provider: Steward picks one at every start (see README)"
+    agent = Table("agent")
+    agent["timezone"] = args.timezone or ask.ask("Your timezone", local_timezone())
+    return [llm, agent]
+
+
+def local_timezone() -> str:
+    """This machine's IANA timezone name, else UTC. `TZ` counts only as a zone name
+    (not ":/etc/localtime" or a path into zoneinfo)."""
+    from bot.tools.base import known_timezone
+
+    if zone := known_timezone(os.environ.get("TZ", "").lstrip(":")):
+        return zone
+    try:
+        link = os.readlink("/etc/localtime")
+    except OSError:
+        return "UTC"
+    return link.split("zoneinfo/", 1)[1] if "zoneinfo/" in link else "UTC"
+
+
+# -- Slack -----------------------------------------------------------------------------
+
+
+def _slack(args, ask: Prompter, secrets: list[str]) -> list[Table]:
+    mode = args.slack or ask.choose("Connect Slack?", {
+        "off": "no", "socket": "yes, Socket Mode (no public URL needed)",
+        "http": "yes, HTTP mode (Slack posts to a public https URL)"}, "off")
+    if mode == "off":
+        return []
+    url = ""
+    if mode == "http":
+        url = args.slack_url or ask.ask("Public URL Slack will post to", slack_manifest
+                                        .URL_PLACEHOLDER)
+    ask.say("\nCreate the Slack app: https://api.slack.com/apps -> Create New App -> From an "
+          "app manifest -> pick the workspace -> paste this manifest:\n")
+    ask.say(slack_manifest.manifest(mode, url))
+    token = "an App-Level Token with connections:write (Basic Information)" \
+        if mode == "socket" else "the Signing Secret (Basic Information)"
+    ask.say(f"Then install it to the workspace: the Bot User OAuth Token (xoxb-...), and {token}."
+          " Put them in the environment under the names below.\n")
+    slack = Table("slack")
+    slack["enabled"] = True
+    slack["mode"] = mode
+    slack["bot_token_env"] = ask.ask("Variable for the bot token", args.slack_bot_token_env)
+    secrets.append(slack["bot_token_env"])
+    if mode == "socket":
+        slack["app_token_env"] = ask.ask("Variable for the app token", args.slack_app_token_env)
+        secrets.append(slack["app_token_env"])
+    else:
+        slack["signing_secret_env"] = ask.ask("Variable for the signing secret",
+                                              args.slack_signing_secret_env)
+        secrets.append(slack["signing_secret_env"])
+        slack.comment = "Slack posts to http://http_host:http_port/slack/events (behind your " \
+                        "https proxy)"
+    slack["allowed_users"] = args.slack_users if args.slack_users is not None else ask.listed(
+        "Member ids Steward answers (Slack: your profile, ..., Copy member ID), comma-separated",
+        [])
+    return [slack]
+
+
+# -- email -----------------------------------------------------------------------------
+
+
+def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
+    choices = {"off": "no", **{k: p.label for k, p in presets.EMAIL_PRESETS.items()}}
+    name = args.email or ask.choose("Connect a mailbox of Steward's own?", choices, "off")
+    if name == "off":
+        return []
+    preset = presets.EMAIL_PRESETS[name]
+    address = args.email_address or ask.ask("Steward's email address")
+    if not address:
+        raise UsageError("email needs --email-address (Steward's own mailbox)")
+    imap_host = args.imap_host or preset.imap[0] or ask.ask("IMAP server")
+    smtp_host = args.smtp_host or preset.smtp[0] or ask.ask("SMTP server")
+    if not (imap_host and smtp_host):
+        raise UsageError(f"email {name} needs --imap-host and --smtp-host")
+    user = args.email_user or ask.ask("Login", address)
+    if preset.note:
+        ask.say(f"  {preset.label}: the password is {preset.note}.")
+    password_env = ask.ask("Variable holding the password", args.email_password_env)
+    email = Table("email")
+    email.comment = f"{preset.label}; one password for IMAP and SMTP"
+    email.update(enabled=True, address=address, imap_host=imap_host, imap_port=preset.imap[1],
+                 imap_security=preset.imap[2], imap_user=user, imap_password_env=password_env,
+                 sent_mailbox=preset.sent_mailbox, smtp_host=smtp_host,
+                 smtp_port=preset.smtp[1], smtp_security=preset.smtp[2], smtp_user=user,
+                 smtp_password_env=password_env)
+    email["allowed_senders"] = args.email_senders if args.email_senders is not None \
+        else ask.listed("Who may write to Steward (addresses or @domain), comma-separated", [])
+    secrets.append(password_env)
+    return [email]
+
+
+# -- checking and writing --------------------------------------------------------------
+
+
+def _check(text: str, target: Path, args, env) -> None:
+    """Load `text` as Steward will; a problem here is a bug in init or a bad flag."""
+    configfile.check_text(text, target, args.home, env)
+
+
+def _write(target: Path, text: str) -> None:
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(scratch, target)
+
+
+def _report(target: Path, secrets: list[str], env) -> None:
+    print(f"\nwrote {target}")
+    names = list(dict.fromkeys(secrets))
+    unset = [n for n in names if not env.get(n)]
+    if names:
+        print("secrets it reads from the environment: " + ", ".join(
+            f"{n}{' (not set now)' if n in unset else ''}" for n in names))
+    print("next: `steward doctor` checks it all; `steward service install` keeps "
+          "`steward run` running (its environment file holds the secrets)")

@@ -1,0 +1,167 @@
+"""Work and what came in: tasks by state with their phases, one task whole, schedules,
+approvals waiting for a person, quarantined submissions."""
+
+import json
+
+from aiohttp import web
+
+from bot.agent.approval import KIND as APPROVAL
+from bot.agent.approval import code_of
+from bot.app.inspector.html import link, table, tag, url
+from bot.app.inspector.pages.layout import (
+    PAGE_SIZE,
+    as_json,
+    clip,
+    conversation_keys,
+    decoded,
+    folded,
+    page,
+    source,
+    state_class,
+    text_param,
+    when,
+)
+from store import STATES
+
+ERROR_CHARS = 300  # of a task's error in a listing; the task's page has all of it
+
+
+def _session(keys: dict[int, str], conversation_id: int | None):
+    if conversation_id is None:
+        return "-"
+    return link(keys[conversation_id], "/transcript", key=keys[conversation_id])
+
+
+async def tasks(request: web.Request) -> web.Response:
+    store = source(request).store
+    state = text_param(request, "state")
+    if state is not None and state not in STATES:
+        raise web.HTTPBadRequest(text=f"state must be one of {', '.join(STATES)}")
+    kind = text_param(request, "kind")
+    key = text_param(request, "key")
+    before = text_param(request, "before_id")
+    conversation_id = (await store.get_conversation(key)).id if key else None
+    counts = await store.count_tasks()
+    tabs = [tag("a", f"all ({sum(counts.values())})", href=_tasks_url(None, kind, key),
+                class_=None if state else "here")]
+    tabs += [tag("a", f"{s} ({counts.get(s, 0)})", href=_tasks_url(s, kind, key),
+                 class_="here" if s == state else None) for s in STATES]
+    found = await store.list_tasks(state=state, kind=kind, conversation_id=conversation_id,
+                                   before_id=before, newest_first=True, limit=PAGE_SIZE)
+    keys = await conversation_keys(store, [t.conversation_id for t in found])
+    rows = [[link(t.id, "/task", id=t.id), t.kind, state_class(t.state), t.phase or "(start)",
+             t.attempts, t.crashes, _session(keys, t.conversation_id), when(t.updated_at),
+             tag("span", clip(t.error, ERROR_CHARS), class_="error") if t.error else "-"]
+            for t in found]
+    more = (tag("div", tag("a", "older tasks →",
+                           href=_tasks_url(state, kind, key, before_id=found[-1].id)),
+                class_="pager")
+            if len(found) == PAGE_SIZE else "")
+    scope = "".join(f" · {label} {value}" for label, value in (("kind", kind), ("of", key))
+                    if value)
+    return page("Tasks" + scope, "/tasks", tag("div", tabs, class_="tabs"),
+                table(["id", "kind", "state", "phase", "attempts", "crashes", "conversation",
+                       "updated", "error"], rows,
+                      f"no {state} tasks" if state else "no tasks"), more)
+
+
+def _tasks_url(state, kind, key, before_id=None) -> str:
+    return url("/tasks", state=state, kind=kind, key=key, before_id=before_id)
+
+
+async def task(request: web.Request) -> web.Response:
+    store = source(request).store
+    task_id = text_param(request, "id", required=True)
+    t = await store.get_task(task_id)
+    keys = await conversation_keys(store, [t.conversation_id])
+    children = await store.list_tasks(parent_id=t.id, limit=PAGE_SIZE)
+    facts = [["kind", t.kind], ["state", state_class(t.state)], ["phase", t.phase or "(start)"],
+             ["attempts (failed tries of this phase)", t.attempts],
+             ["crashes (since its last phase)", t.crashes],
+             ["parent", link(t.parent_id, "/task", id=t.parent_id) if t.parent_id else "-"],
+             ["conversation", _session(keys, t.conversation_id)],
+             ["waits for", t.wait_mode or "-"], ["due", when(t.run_after or None)],
+             ["lease", f"{t.lease_owner} until {when(t.lease_expires)}" if t.lease_owner
+              else "-"],
+             ["idempotency key", t.idem_key or "-"], ["created", when(t.created_at)],
+             ["updated", when(t.updated_at)],
+             ["error", tag("pre", clip(t.error), class_="error") if t.error else "-"]]
+    kids = [[link(c.id, "/task", id=c.id), c.kind, state_class(c.state), c.phase or "(start)",
+             when(c.updated_at)] for c in children]
+    return page(f"Task {t.id}", "/tasks", table(["", ""], facts, ""),
+                tag("h2", "Children"),
+                table(["id", "kind", "state", "phase", "updated"], kids, "no child tasks"),
+                tag("h2", "Inputs"), as_json(t.inputs),
+                tag("h2", "Checkpoint"), as_json(t.checkpoint),
+                tag("h2", "Result"), as_json(t.result))
+
+
+async def schedules(request: web.Request) -> web.Response:
+    store = source(request).store
+    everything = request.query.get("all") == "1"
+    found = await store.list_schedules(state=None if everything else "active", limit=200)
+    keys = await conversation_keys(store, [s.conversation_id for s in found])
+    rows = [[s.name, state_class(s.state), tag("code", json.dumps(s.trigger)), s.timezone,
+             when(s.next_fire_at), when(s.last_fire_at), s.fired,
+             _session(keys, s.conversation_id), s.deliver.get("channel") or "-",
+             tag("pre", clip(s.prompt, 500))] for s in found]
+    toggle = (link("only active ones", "/schedules") if everything
+              else link("also finished and cancelled ones", "/schedules", all=1))
+    return page("Schedules", "/schedules", tag("p", toggle, class_="meta"),
+                table(["name", "state", "trigger", "zone", "next", "last", "fired",
+                       "conversation", "delivers to", "prompt"], rows,
+                      "no schedules" if everything else "no active schedules"))
+
+
+async def approvals(request: web.Request) -> web.Response:
+    """Requests waiting for a person's yes. Answered elsewhere (a reply, Slack's buttons,
+    `steward ask "yes CODE"`): this page only shows them."""
+    store = source(request).store
+    waiting = await store.list_tasks(kind=APPROVAL, active=True, limit=200)
+    answered = await store.list_tasks(kind=APPROVAL, active=False, newest_first=True,
+                                      limit=20)
+    keys = await conversation_keys(store, [t.conversation_id for t in waiting + answered])
+
+    def call(t):
+        c = (t.inputs or {}).get("call") or {}
+        return tag("code", c.get("name", "?"), "(",
+                   json.dumps(c.get("arguments"), ensure_ascii=False), ")")
+
+    rows = [[when(t.created_at), (t.inputs or {}).get("who") or "-",
+             (t.inputs or {}).get("summary") or "-", call(t),
+             (t.inputs or {}).get("channel") or "-", tag("code", code_of(t.id)),
+             when((t.inputs or {}).get("expires_at")), _session(keys, t.conversation_id),
+             link("task", "/task", id=t.id)] for t in waiting]
+    done = [[when(t.updated_at), (t.inputs or {}).get("who") or "-",
+             (t.inputs or {}).get("summary") or "-",
+             (t.result or {}).get("approval") or t.state, _session(keys, t.conversation_id),
+             link(t.id, "/task", id=t.id)] for t in answered]
+    return page("Approvals pending", "/approvals",
+                tag("p", "Answer in the conversation the request went to (yes CODE / no "
+                         "CODE, or Slack's buttons); this page only shows them.",
+                    class_="meta"),
+                table(["asked", "who", "may I", "tool call", "channel", "code", "expires",
+                       "conversation", "task"], rows, "no approvals pending"),
+                tag("h2", "Recently settled"),
+                table(["settled", "who", "may I", "outcome", "conversation", "task"], done,
+                      "none settled yet"))
+
+
+async def quarantine(request: web.Request) -> web.Response:
+    store = source(request).store
+    channel = text_param(request, "channel")
+    found = await store.list_submissions(state="quarantined", channel=channel, limit=200)
+    rows = [[when(q["created_at"]), q["channel"], q["external_id"],
+             tag("pre", clip(q["reason"] or "-", 2000)), folded("payload", decoded(q["payload"]))]
+            for q in found]
+    channels = sorted({q["channel"] for q in found})
+    filters = [link("all", "/quarantine")] + [[" · ", link(c, "/quarantine", channel=c)]
+                                              for c in channels]
+    return page("Quarantine" + (f" · {channel}" if channel else ""), "/quarantine",
+                tag("p", "Inbound items that could not be processed, with the reason. They "
+                         "are kept, never retried.", class_="meta"),
+                tag("p", filters, class_="tabs"),
+                table(["when", "channel", "external id", "reason", "payload"], rows,
+                      f"nothing quarantined from {channel}" if channel
+                      else "nothing quarantined"))
+

@@ -1,0 +1,166 @@
+"""Application wiring: config -> store -> LLM client, tools, channels -> task definitions
+-> runner. Connectors plug in here (never into the core) as they arrive."""
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+
+from bot.agent.approval import Approval
+from bot.agent.compact import Compact
+from bot.agent.deliver import Deliver
+from bot.agent.deps import AgentDeps
+from bot.agent.llm_call import LLMCall
+from bot.agent.tool_call import ToolCallTask
+from bot.agent.turn import Turn
+from bot.app import allocator
+from bot.app.config import StewardConfig as Config
+from bot.app.opened import opened_store
+from bot.llm.factory import make_client
+from bot.memory import embeddings as _embeddings
+from bot.memory.embedding_task import EmbedEntries, ensure_embedding
+from bot.memory.facts import FACT_TOOLS
+from bot.memory.search import search_history
+from bot.port import AgentPort
+from bot.runtime import Registry, Runner, RunnerOptions
+from bot.runtime.lock import RunnerLock
+from bot.scheduler.loop import Scheduler
+from bot.scheduler.tool import schedule as schedule_tool
+from bot.tools import ToolBox, builtin_tools
+from bot.tools.mcp.servers import McpServers
+from bot.tools.mcp.tools import mcp_tools
+from connectors.terminal import TerminalChannel
+from store import Store
+
+log = logging.getLogger(__name__)
+
+
+def runner_options(config: Config) -> RunnerOptions:
+    r = config.runtime
+    return RunnerOptions(concurrency=r.concurrency, lease_seconds=r.lease_seconds,
+                         max_attempts=r.max_attempts, outage_attempts=r.outage_attempts,
+                         crash_limit=r.crash_limit,
+                         crash_window_seconds=r.crash_window_seconds,
+                         retry_base_seconds=r.retry_base_seconds,
+                         retry_max_seconds=r.retry_max_seconds, poll_seconds=0.5)
+
+
+# Connectors by config section, imported only when enabled.
+CONNECTORS = {"slack": "connectors.slack.connector:SlackConnector",
+              "email": "connectors.email.connector:EmailConnector"}
+
+
+def build_connectors(config: Config, deps: AgentDeps) -> list:
+    """The enabled connectors, each registered as its deliveries' channel."""
+    built = []
+    for section, target in CONNECTORS.items():
+        if not getattr(config, section).enabled:
+            continue
+        module, _, name = target.partition(":")
+        connector = getattr(importlib.import_module(module), name)(config, AgentPort(deps))
+        deps.channels[connector.name] = connector.channel
+        built.append(connector)
+    return built
+
+
+def build_registry(deps: AgentDeps) -> Registry:
+    """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
+    return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps),
+                    Compact(deps), Approval(deps.store),
+                    EmbedEntries(deps.store, _embeddings.attached(deps.store)))
+
+
+async def build_toolbox(config: Config, mcp: McpServers | None = None) -> ToolBox:
+    toolbox = ToolBox()
+    for t in [*builtin_tools(), schedule_tool, *FACT_TOOLS, search_history]:
+        toolbox.register(t)
+    for module in config.agent.tool_modules:
+        await asyncio.to_thread(toolbox.load_module, module)  # imports read files
+    for t in mcp_tools(mcp) if mcp else []:
+        toolbox.register(t)
+        toolbox.custom.add(t.name)  # the owner's tools, not ours: the same approval rules
+    return toolbox
+
+
+@dataclass
+class App:
+    config: Config
+    store: Store
+    deps: AgentDeps
+    runner: Runner
+    banner: str | None  # one line for the user when no real model is configured
+    connectors: list  # enabled ones; started by `steward run`
+    mcp: McpServers  # the configured MCP servers; connected on first use, or by `run`
+
+
+@asynccontextmanager
+async def open_app(config: Config):
+    """The whole agent in this process, with what the last process left already resumed."""
+    async with opened_store(config) as store, httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=10.0)) as http:
+        client, banner = await make_client(config.llm, env=os.environ, http=http)
+        # Before the registry: the embedding task, the search tool and the recall use it.
+        embedder = _embeddings.make(config, http)
+        _embeddings.attach(store, embedder)
+        mcp = McpServers(config.mcp, config.secret)
+        deps = AgentDeps(store=store, config=config, client=client,
+                         toolbox=await build_toolbox(config, mcp), http=http)
+        for fallback in config.llm.fallbacks:  # each names its provider: nothing to probe
+            deps.fallbacks.append(((await make_client(fallback, env=os.environ, http=http,
+                                                      probe_ollama=False))[0], fallback))
+        deps.channels["cli"] = TerminalChannel(deps.events)
+        connectors = build_connectors(config, deps)
+        runner = Runner(store, build_registry(deps), runner_options(config))
+        deps.wake = runner.wake
+        lock = RunnerLock(config.home / "runner.lock")
+        alone = store.single_node and await asyncio.to_thread(lock.try_acquire)
+        try:
+            counts = await runner.recover(steal_all=alone)
+            log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
+            await ensure_embedding(store, embedder)
+            yield App(config, store, deps, runner, banner, connectors, mcp)
+        finally:
+            lock.release()
+            await mcp.close()
+
+
+async def run_forever(config: Config) -> int:
+    """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0."""
+    allocator.configure()  # cap malloc arenas before the first thread (bot/app/allocator.py)
+    async with open_app(config) as app:
+        loop = asyncio.get_running_loop()
+        stopped = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopped.set)
+        serving = asyncio.create_task(app.runner.run())
+        trimming = asyncio.create_task(allocator.trim_periodically())
+        # Interrupted tasks were resumed when the app opened; now re-arm the schedules
+        # (its first pass catches up what was missed while Steward was down).
+        scheduler = Scheduler(app.deps)
+        timing = asyncio.create_task(scheduler.run())
+        app.mcp.start()  # kept up from now on, restarted when they die
+        for connector in app.connectors:
+            await connector.start()
+        if app.banner:
+            print(app.banner, file=sys.stderr, flush=True)
+        names = ", ".join(c.name if getattr(c, "up", True) else f"{c.name} (connecting)"
+                          for c in app.connectors) or "none"
+        print(f"steward: running on {app.store.dialect} ({config.home}); connectors: {names}; "
+              "Ctrl-C to stop", flush=True)
+        await stopped.wait()
+        trimming.cancel()
+        for connector in app.connectors:
+            await connector.stop()
+        scheduler.stop()
+        await timing
+        finished = await app.runner.drain(config.runtime.drain_seconds)
+        await serving
+        if not finished:
+            log.warning("drain timed out; unfinished phases resume on the next start")
+    return 0

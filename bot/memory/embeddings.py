@@ -1,0 +1,142 @@
+"""Embeddings: one narrow seam (`Embedder.embed`), an OpenAI-compatible client over httpx
+(OpenAI, Ollama, llama.cpp, vLLM, LM Studio: `POST {base_url}/embeddings`), and none.
+
+`[embeddings] provider = "none"` (the default) is lexical search only. With "openai",
+entries are embedded in the background (bot/memory/embedding_task.py) and, if `hybrid` is
+on, questions are too, and the two rankings are fused (store/hybrid.py). A local offline
+model ("local") is not part of this build: no embedding package whose weights install
+with it (without a download from a model hub at run time) was found for this machine; an
+OpenAI-compatible local server (Ollama, llama.cpp) covers the offline case.
+
+Errors (one tree):
+
+    EmbeddingError            anything that kept a batch from being embedded
+    ├── EmbeddingUnavailable  the provider is down, slow or rate-limited: try again later
+    └── EmbeddingRejected     the provider refused these inputs (4xx): do not ask again
+"""
+
+import weakref
+from abc import ABC, abstractmethod
+from contextlib import asynccontextmanager
+
+import httpx
+
+from store.hybrid import Fusion
+
+__all__ = ["DEFAULT_FUSION", "Embedder", "EmbeddingError", "EmbeddingRejected",
+           "EmbeddingUnavailable", "OpenAIEmbedder", "attach", "attached", "from_config"]
+
+DEFAULT_FUSION = Fusion()
+
+
+class EmbeddingError(Exception):
+    def __init__(self, message: str, *, status: int | None = None, body: str = "",
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status, self.body, self.retry_after = status, body, retry_after
+
+
+class EmbeddingUnavailable(EmbeddingError):
+    pass
+
+
+class EmbeddingRejected(EmbeddingError):
+    pass
+
+
+class Embedder(ABC):
+    """Turns texts into vectors. `model` names the vectors in the store (a new model's
+    vectors are computed anew); `hybrid`: whether searches use them."""
+
+    model: str
+    hybrid: bool = False
+    fusion: Fusion = DEFAULT_FUSION
+    batch_size: int = 64
+
+    @abstractmethod
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+class OpenAIEmbedder(Embedder):
+    """`POST {base_url}/embeddings` with `{"model", "input": [...]}`; answers
+    `{"data": [{"index", "embedding"}]}`."""
+
+    def __init__(self, http: httpx.AsyncClient, *, base_url: str, model: str,
+                 api_key: str = "", hybrid: bool = False, fusion: Fusion = DEFAULT_FUSION,
+                 batch_size: int = 64, timeout: float = 30.0):
+        self.http, self.base_url, self.model = http, base_url.rstrip("/"), model
+        self.api_key, self.hybrid, self.fusion = api_key, hybrid, fusion
+        self.batch_size, self.timeout = batch_size, timeout
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            response = await self.http.post(f"{self.base_url}/embeddings", headers=headers,
+                                            json={"model": self.model, "input": texts},
+                                            timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise EmbeddingUnavailable(f"embeddings: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            raise EmbeddingUnavailable(f"embeddings: HTTP {response.status_code}",
+                                       status=response.status_code, body=response.text[:500],
+                                       retry_after=_retry_after(response))
+        if response.status_code >= 400:
+            raise EmbeddingRejected(f"embeddings: HTTP {response.status_code}",
+                                    status=response.status_code, body=response.text[:500])
+        try:
+            data = sorted(response.json()["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in d["embedding"]] for d in data]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EmbeddingUnavailable(f"embeddings: malformed answer: {exc}",
+                                       status=response.status_code,
+                                       body=response.text[:500]) from exc
+        if len(vectors) != len(texts) or len({len(v) for v in vectors}) != 1:
+            raise EmbeddingUnavailable(f"embeddings: {len(vectors)} vectors for {len(texts)} "
+                                       f"texts, or of different lengths")
+        return vectors
+
+
+# The embedder of a store in this process, set by the wiring (bot/app/wiring.py), read by the
+# search tool and the recall, which get only the store.
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def attach(store, embedder: Embedder | None) -> None:
+    if embedder is None:
+        _ATTACHED.pop(store, None)
+    else:
+        _ATTACHED[store] = embedder
+
+
+def attached(store) -> Embedder | None:
+    return _ATTACHED.get(store)
+
+
+def make(config, http: httpx.AsyncClient) -> Embedder | None:
+    """The embedder `[embeddings]` asks for (None: "none")."""
+    e = config.embeddings
+    if e.provider == "none":
+        return None
+    return OpenAIEmbedder(http, base_url=e.base_url, model=e.model,
+                          api_key=config.secret(e.api_key_env) if e.api_key_env else "",
+                          hybrid=e.hybrid, fusion=Fusion(e.lexical_weight, e.depth),
+                          batch_size=e.batch_size)
+
+
+@asynccontextmanager
+async def from_config(config):
+    """An embedder with its own HTTP client for one command (`steward search`)."""
+    if config.embeddings.provider == "none":
+        yield None
+        return
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
+        yield make(config, http)

@@ -1,0 +1,247 @@
+"""The channel port: everything a connector may ask of the agent, and the names it needs.
+
+A connector (Slack, email, the terminal) imports this module and its own libraries, never
+`store` and never the agent's modules: what it asks goes through `AgentPort`, one object
+the composition root builds per process, and what the agent tells it comes as calls on
+its `Channel` (`bot.channels`: deliver an answer, find one after a crash, retract one
+whose question was withdrawn) and as `Event`s (streamed partial text, carrying the
+channel and the reply address).
+
+Asking, in the agent's terms:
+
+    keep      a shared file's bytes (an image, a PDF, an office document): read and stored
+              once by content hash, before the submission that refers to it (`Kept`)
+    submit    an inbound message, with the files it brought (stored as documents), and
+              the connector's position in its source (`Position`) in the same commit
+    history   earlier messages of a conversation joined late: context, no answer
+    withdraw  a message taken back (deleted): its unstarted turns never run
+    refuse    a stranger's message: recorded, and one polite answer (keyed: never twice)
+    skip      a message not to be answered, with the reason (kept, listed, never retried)
+    quarantine  an input that cannot be taken in, with the reason (`steward quarantine`)
+    advance   the position alone (a message that vanished, or was taken before)
+
+and reading what it needs to route: `submission` (was this id taken, and into which turn),
+`conversation`, `answer_pending`, `said` (a message's user entries), `position`, and the
+approvals a click or a reply answers. Each `submit`/`refuse`/`withdraw` that adds work
+wakes the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bot.agent import approval
+from bot.agent.deliver import Deliver
+from bot.agent.events import Event, Events
+from bot.agent.inbox import Accepted, add_history, submit_message, withdraw_message
+from bot.attachments import REF, Attachments, BlobStore, Kept, size_label, wanted
+from bot.channels import Channel, Connector, Outbound
+from bot.config import Section
+from bot.home import make_private
+from bot.runtime import NotPerformed, Unavailable
+from bot.runtime.killpoints import kill_point
+from bot.tools.base import known_timezone
+from store import TERMINAL, NotFound, Writes, conversation_namespace
+
+if TYPE_CHECKING:
+    import httpx
+
+    from bot.agent.deps import AgentDeps
+    from store import Conversation, Entry
+
+__all__ = [
+    "REF", "Accepted", "AgentPort", "Channel", "Connector", "Event", "Events", "Kept",
+    "NotPerformed", "Outbound", "Position", "Section", "Unavailable", "kill_point",
+    "known_timezone", "make_private", "size_label", "wanted",
+]
+
+@dataclass(frozen=True)
+class Position:
+    """Where a connector is in its source (a mailbox's UID cursor): a JSON value kept as a
+    versioned document `name` under `owner`, moved in the commit of what it passes."""
+
+    owner: str
+    name: str
+    value: dict[str, Any]
+
+    def write(self, w: Writes) -> None:
+        w.edit_document(self.owner, self.name, [{"op": "set", "path": [], "value": self.value}],
+                        history="latest", fork_policy="current")
+
+
+class AgentPort:
+    def __init__(self, deps: AgentDeps):
+        self._deps = deps
+        self._store = deps.store
+        self._attachments: Attachments | None = None
+
+    # -- what the agent gives a connector ----------------------------------------------
+
+    @property
+    def events(self) -> Events:
+        return self._deps.events
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The process's HTTP client (files a message links to)."""
+        return self._deps.http
+
+    def wake(self) -> None:
+        """New work was committed outside the port (the runner looks at once)."""
+        self._deps.wake()
+
+    # -- taking messages in --------------------------------------------------------------
+
+    async def keep(self, data: bytes, *, name: str, media_type: str) -> Kept:
+        """A shared file read (an image made ready for the model, a document's text) and
+        its bytes stored by content hash, durably, before this returns: put `Kept.ref`
+        in the message's data under `REF` and `Kept.text` in its text. Bad input is a
+        note in `Kept.text`, never an exception."""
+        if self._attachments is None:
+            config = self._deps.config
+            self._attachments = Attachments(BlobStore.of_home(config.home), config.attachments)
+        return await self._attachments.keep(data, name=name, media_type=media_type)
+
+    async def submit(self, *, channel: str, external_ids: list[str], conversation_key: str,
+                     text: str, author: str | None = None, owner: str | None = None,
+                     scope: str | None = None, reply_to: dict[str, Any] | None = None,
+                     data: dict[str, Any] | None = None, timezone: str | None = None,
+                     files: Sequence[tuple[str, Any]] = (), at: Position | None = None
+                     ) -> Accepted:
+        """One message for the agent (see `bot.agent.inbox.submit_message`); `files` are
+        (document name, value) pairs stored in the conversation with it, `at` the
+        position past it. A message taken before only moves the position."""
+        def extra(conversation: Conversation, w: Writes) -> None:
+            for name, value in files:
+                w.edit_document(conversation_namespace(conversation.id), name,
+                                [{"op": "set", "path": [], "value": value}], history="latest",
+                                fork_policy="current", conversation_id=conversation.id)
+            if at is not None:
+                at.write(w)
+
+        accepted = await submit_message(
+            self._store, channel=channel, external_ids=external_ids,
+            conversation_key=conversation_key, text=text, author=author, owner=owner,
+            reply_to=reply_to, data=data, scope=scope, timezone=timezone, extra=extra)
+        if accepted.duplicate and at is not None and accepted.approval is None:
+            await self.advance(at)
+        if not accepted.duplicate:
+            self.wake()
+        return accepted
+
+    async def history(self, *, channel: str, conversation_key: str,
+                      messages: list[dict[str, Any]], owner: str | None = None,
+                      scope: str | None = None) -> int:
+        return await add_history(self._store, channel=channel,
+                                 conversation_key=conversation_key, messages=messages,
+                                 owner=owner, scope=scope)
+
+    async def withdraw(self, *, channel: str, ref: str, conversation_id: int,
+                       said: list[Entry], note: str, withdrawn_note: str,
+                       author: str | None = None, data: dict[str, Any] | None = None
+                       ) -> list[Entry]:
+        withdrawn = await withdraw_message(
+            self._store, channel=channel, ref=ref, conversation_id=conversation_id, said=said,
+            note=note, withdrawn_note=withdrawn_note, author=author, data=data)
+        if withdrawn:
+            self.wake()  # the turn queued behind a withdrawn one may start now
+        return withdrawn
+
+    async def refuse(self, *, channel: str, external_ids: list[str], conversation_key: str,
+                     text: str, reply_to: dict[str, Any], owner: str | None = None,
+                     scope: str | None = None, payload: dict[str, Any] | None = None) -> bool:
+        """Record a message not taken from someone not allowed, with one answer per
+        conversation (keyed by it: never twice). True if it was new."""
+        conversation = await self._store.ensure_conversation(conversation_key, owner=owner,
+                                                             scope=scope)
+        w = Writes()
+        w.submit(channel, *external_ids, conversation_id=conversation.id, payload=payload)
+        w.deliver(Deliver.kind, {"channel": channel, "text": text, "reply_to": reply_to},
+                  key=f"{channel}-refusal:{conversation_key}", conversation_id=conversation.id)
+        if (await self._store.commit(w)).duplicate:
+            return False
+        self.wake()
+        return True
+
+    async def skip(self, channel: str, external_ids: list[str], payload: dict[str, Any], *,
+                   at: Position | None = None) -> bool:
+        """A message that is not answered, recorded with why; True if it was new."""
+        w = Writes()
+        w.submit(channel, *external_ids, payload=payload)
+        return await self._commit_at(w, at)
+
+    async def quarantine(self, channel: str, external_ids: list[str], reason: str,
+                         payload: Any = None, *, at: Position | None = None) -> bool:
+        """An input that cannot be taken in, kept with the reason under each of its ids (a
+        retry or replay of it is never submitted later); True if it was new."""
+        w = Writes()
+        for external_id in external_ids:
+            w.quarantine(channel, external_id, reason, payload)
+        return await self._commit_at(w, at)
+
+    async def advance(self, at: Position) -> None:
+        w = Writes()
+        at.write(w)
+        await self._store.commit(w)
+
+    async def _commit_at(self, w: Writes, at: Position | None) -> bool:
+        if at is not None:
+            at.write(w)
+        if not (await self._store.commit(w)).duplicate:
+            return True
+        if at is not None:  # recorded before: the position still moves past it
+            await self.advance(at)
+        return False
+
+    # -- what a connector reads to route ----------------------------------------------
+
+    async def submission(self, channel: str, external_id: str) -> dict[str, Any] | None:
+        """How an id was taken: {"state", "conversation_id", "task_id", "payload"}, or None."""
+        return await self._store.submission_state(channel, external_id)
+
+    async def conversation(self, key: str) -> Conversation | None:
+        try:
+            return await self._store.get_conversation(key)
+        except NotFound:
+            return None
+
+    async def conversation_by_id(self, conversation_id: int) -> Conversation | None:
+        try:
+            return await self._store.get_conversation_by_id(conversation_id)
+        except NotFound:
+            return None
+
+    async def answer_pending(self, turn_id: str) -> bool:
+        """Whether the turn's answer is still to come."""
+        return (await self._store.get_task(turn_id)).state not in TERMINAL
+
+    async def said(self, conversation_id: int, turn_id: str, mine: Callable[[dict], bool],
+                   *, tail: int = 200) -> list[Entry]:
+        """A message's user entries: among the newest `tail`, those with a turn whose data
+        `mine` recognises (the message and its edits, submitted as new messages); else the
+        turn's own entry (an older message, answered long ago)."""
+        page = await self._store.entries_page(conversation_id, limit=tail)
+        found = [e for e in page if e.kind == "user" and e.task_id and mine(e.data or {})]
+        if not found:
+            first = await self._store.entry_of_task(conversation_id, turn_id)
+            found = [first] if first is not None and first.kind == "user" else []
+        return found
+
+    async def position(self, owner: str, name: str) -> dict[str, Any] | None:
+        try:
+            doc = await self._store.read_document(owner, name)
+        except NotFound:
+            return None
+        return doc.value or None
+
+    # -- approvals answered on the channel (a button) ------------------------------------
+
+    async def answer_approval(self, approval_id: str, approved: bool, *, by: str) -> str:
+        """"approved", "denied", or why not ("not yours", "expired", "answered", ...)."""
+        return await approval.answer(self._store, approval_id, approved, by=by)
+
+    async def approval_answer(self, approval_id: str) -> tuple[bool, str] | None:
+        """The stored answer (approved, by whom), whichever click or reply gave it."""
+        return await approval.answered(self._store, approval_id)

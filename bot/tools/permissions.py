@@ -1,0 +1,108 @@
+"""Who Steward may send things to on a person's behalf: the one place that decides.
+
+The model does what text tells it often enough, and text comes from outside (a mail body,
+a fetched page, a quoted message), so a tool that sends anything outside never takes the
+model's word for the recipient. It may send to:
+
+- the person who asked, where the channel knows them (the sender of an email
+  conversation; the Slack user who asked, for a Slack DM);
+- the configured circle: `[agent] allowed_recipients`, and the addresses (or whole
+  domains, "@example.com") listed in `[email] allowed_senders` — people the owner already
+  lets talk to Steward;
+
+and only through a channel that is enabled. Anything else needs the person's approval
+(`bot/agent/approval.py`: a durable wait for their yes or no), asked before the call runs.
+
+Approval is also asked, whatever the arguments, for:
+
+- the tools named in `[agent] approval_tools`, and unsafe tools from `[agent]
+  tool_modules` and MCP servers (unless `approve_unsafe_custom_tools = false`);
+- a tool that SENDS or changes SCHEDULES, once the turn has read content from outside
+  (a tool that READS_OUTSIDE: a web page, a search hit): such text is data, never
+  permission, and an instruction hidden in it must not act unseen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+SENDS = "sends"  # puts something in front of someone (mail, a post)
+SCHEDULES = "schedules"  # makes Steward act later, unattended
+READS_OUTSIDE = "reads_outside"  # its result is text from outside (a page, old mail)
+PRIVATE = "private_memory"  # reads what the person told Steward
+NETWORK = "network"  # reaches hosts on the network
+
+
+@dataclass(frozen=True)
+class Recipients:
+    """The configured circle and the channels that can deliver (built per tool call)."""
+
+    allowed: frozenset[str] = frozenset()  # addresses or "@domain", lower case
+    channels: frozenset[str] = frozenset()  # enabled delivery channels
+
+    @classmethod
+    def of(cls, entries: Iterable[str], channels: Iterable[str]) -> Recipients:
+        return cls(frozenset(e.strip().lower() for e in entries if e.strip()),
+                   frozenset(channels))
+
+    def email_refusal(self, address: str, *, asker: str | None) -> str | None:
+        """Why `address` may not be mailed for this asker (None: it may)."""
+        if "email" not in self.channels:
+            return "email is not enabled here (the [email] section of the config)"
+        address = address.strip().lower()
+        if not _is_address(address):
+            return f"{address!r} is not an email address"
+        if asker and address == asker.strip().lower():
+            return None
+        if address in self.allowed or "@" + address.rpartition("@")[2] in self.allowed:
+            return None
+        return (f"{address} is not the person asking nor one of the configured recipients; "
+                "Steward only sends to those unless the person approves (the owner can add "
+                "it to [agent] allowed_recipients)")
+
+    def may_approve_email(self, address: str) -> bool:
+        """Whether the person's yes can make mail to `address` possible: only a real
+        address through an enabled channel (a refusal for anything else stands)."""
+        return "email" in self.channels and _is_address(address.strip())
+
+
+def _is_address(text: str) -> bool:
+    parts = text.split("@")
+    return len(parts) == 2 and all(parts)
+
+
+@dataclass(frozen=True)
+class Asking:
+    """Who a tool call acts for, as the permission rules see it."""
+
+    recipients: Recipients
+    asker: str | None = None  # their address where the channel knows it (email)
+    approved: bool = False  # the person already said yes to this very call
+    read_outside: str | None = None  # the tool whose outside text this turn has read
+    who: str = "local"  # whom an approval goes to: the conversation's owner
+
+
+def recipients(deps: Any) -> Recipients:
+    """The circle from the config and the channels' own (email: its allowed senders), and
+    the channels this process can deliver through."""
+    circle = list(deps.config.agent.allowed_recipients)
+    for channel in deps.channels.values():
+        circle += getattr(channel, "circle", ())
+    return Recipients.of(circle, deps.channels)
+
+
+def approval_needed(tool: Any, arguments: dict, asking: Asking, *, custom: bool,
+                    config: Any) -> str | None:
+    """The rules that need no look at the arguments (see the module docstring): what to
+    ask the person, or None. The tool's own rule (`Tool.approval`) is asked separately."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(arguments.items()))[:300]
+    if tool.name in config.agent.approval_tools or (
+            custom and tool.policy_for(arguments) == "unsafe"
+            and config.agent.approve_unsafe_custom_tools):
+        return f"run the tool {tool.name} ({shown})"
+    if asking.read_outside and tool.touches & {SENDS, SCHEDULES}:
+        return (f"run {tool.name} ({shown}), asked for after reading text from outside "
+                f"(via {asking.read_outside}), which may be trying to make me do it")
+    return None

@@ -1,0 +1,194 @@
+"""The task queue's hot path as fixed statements, run straight on the driver.
+
+A claim, a phase commit and a result are most of what the store ever does, and building
+them with SQLAlchemy on every call cost several times what the database spends running
+them. Here each is one statement written once per dialect; the driver prepares it once and
+keeps it (sqlite3's statement cache, asyncpg's prepared statements). Everything else a step
+writes still goes through `store/commit.py`.
+
+Claims read only the rows they take (migration 0010): expired leases along
+`ix_tasks_leases`, then due work along `ix_tasks_ready` in (run_after, id) order.
+"""
+
+import logging
+
+from store.errors import CorruptRow, LeaseLost
+from store.records import (
+    BLOCKED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    TERMINAL,
+    WAITING,
+    Task,
+    dumps,
+    now,
+    task_from_mapping,
+)
+from store.schema import storable
+from store.writes import TaskUpdate, Writes
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+
+# ?1 owner, ?2 lease expiry, ?3 now, ?4 limit. A lease taken over counts a death.
+_SET_CLAIMED = f"""
+    state = '{RUNNING}', lease_owner = ?1, lease_expires = ?2, updated_at = ?3,
+    crashes = CASE WHEN state = '{RUNNING}' THEN crashes + 1 ELSE crashes END,
+    crashed_since = CASE WHEN state = '{RUNNING}' THEN coalesce(crashed_since, ?3)
+                         ELSE crashed_since END"""
+_EXPIRED = (f"SELECT id FROM tasks WHERE state = '{RUNNING}' AND lease_expires < ?3 "
+            "ORDER BY lease_expires LIMIT ?4")
+_DUE = (f"SELECT id FROM tasks WHERE state = '{PENDING}' AND run_after <= ?3 "
+        "ORDER BY run_after, id LIMIT ?4")
+
+CLAIM_SQLITE = f"""
+UPDATE tasks SET {_SET_CLAIMED}
+WHERE id IN (SELECT id FROM ({_EXPIRED}) UNION ALL SELECT id FROM ({_DUE}) LIMIT ?4)
+RETURNING *"""
+
+# The same on PostgreSQL: rows another worker is claiming are skipped, not waited for, and
+# the ids are handed to the primary key as an array, so no plan can join the whole table.
+CLAIM_PG = f"""
+WITH expired AS ({_EXPIRED} FOR UPDATE SKIP LOCKED), due AS ({_DUE} FOR UPDATE SKIP LOCKED)
+UPDATE tasks SET {_SET_CLAIMED}
+WHERE id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT ?4))
+RETURNING *"""
+
+# ?1 id, ?2 owner, ?3 state, ?4 phase, ?5 checkpoint, ?6 result, ?7 error, ?8 wait mode,
+# ?9 run_after, ?10 now, ?11 keep the lease, ?12 attempts (NULL: as they are),
+# ?13 progressed (deaths forgotten), ?14 inputs (NULL: as they are), ?15 the error's kind.
+# Fenced by the lease.
+UPDATE_SQL = f"""
+UPDATE tasks SET state = ?3, phase = ?4, checkpoint = ?5, result = ?6, error = ?7,
+    wait_mode = ?8, run_after = ?9, updated_at = ?10,
+    lease_owner = CASE WHEN ?11 THEN lease_owner END,
+    lease_expires = CASE WHEN ?11 THEN lease_expires END,
+    attempts = coalesce(?12, attempts),
+    crashes = CASE WHEN ?13 THEN 0 ELSE crashes END,
+    crashed_since = CASE WHEN ?13 THEN NULL ELSE crashed_since END,
+    inputs = coalesce(?14, inputs), failure = ?15
+WHERE id = ?1 AND lease_owner = ?2 AND state = '{RUNNING}'
+RETURNING parent_id"""
+
+# `commit.wake_if_ready` for SQLite: ?1 the waiting task, ?2 now.
+WAKE_SQLITE = f"""
+UPDATE tasks SET state = '{PENDING}', run_after = 0.0, updated_at = ?2
+WHERE id = ?1 AND state = '{WAITING}' AND (
+    NOT EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = ?1 AND c.state NOT IN ({_TERMINAL}))
+    OR (wait_mode = 'fail_fast'
+        AND EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = ?1 AND c.state = '{FAILED}')))"""
+
+BLOCK_SQL = (f"UPDATE tasks SET state = '{BLOCKED}', error = ?2, lease_owner = NULL, "
+             "lease_expires = NULL, updated_at = ?3 WHERE id = ?1")
+
+
+def pg(sql: str) -> str:
+    """asyncpg numbers its parameters $1, $2 ... where SQLite takes ?1, ?2 ..."""
+    return sql.replace("?", "$")
+
+
+def lone_update(writes: Writes) -> TaskUpdate | None:
+    """The task update, when it is all a step writes (most phases of most tasks) and
+    needs no check against other tasks first."""
+    u = writes.task_update
+    if u is None or u.wake_if_settled or writes.wakes or writes.entries or writes.tasks \
+            or writes.submissions or writes.documents or writes.usage or writes.schedules \
+            or writes.withdrawals:
+        return None
+    return u
+
+
+def _text(value):
+    return None if value is None else storable(dumps(value))
+
+
+def update_params(u: TaskUpdate, t: float) -> tuple:
+    return (storable(u.task_id), storable(u.owner), u.state, storable(u.phase),
+            _text(u.checkpoint), _text(u.result),
+            None if u.error is None else storable(u.error), u.wait_mode, float(u.run_after),
+            t, u.state == RUNNING, u.attempts, u.progressed, _text(u.inputs), u.failure)
+
+
+def claimed_tasks(rows, block) -> list[Task]:
+    """Decode claimed rows (mappings); an undecodable one is handed to `block(id, reason)`
+    and left out, so it cannot stop the queue."""
+    claimed = []
+    for row in rows:
+        try:
+            claimed.append(task_from_mapping(row))
+        except CorruptRow as exc:
+            log.error("blocking task %s: %s", row["id"], exc)
+            block(row["id"], str(exc))
+    claimed.sort(key=lambda task: task.id)
+    return claimed
+
+
+# -- SQLite: blocking calls, made on the writer thread inside its transaction -------------
+
+
+def sqlite_claim(raw, owner: str, limit: int, lease_seconds: float, t: float) -> list[Task]:
+    cur = raw.execute(CLAIM_SQLITE, (storable(owner), t + lease_seconds, t, limit))
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    return claimed_tasks(rows, lambda task_id, reason: raw.execute(
+        BLOCK_SQL, (task_id, reason, t)))
+
+
+def sqlite_update(raw, u: TaskUpdate, t: float) -> None:
+    """The fenced update, then the wake it owes: its own (a wait whose children all
+    settled already) or its parent's (the last child to settle)."""
+    row = raw.execute(UPDATE_SQL, update_params(u, t)).fetchone()
+    if row is None:
+        raise LeaseLost(u.task_id, u.owner)
+    if u.state == WAITING:
+        raw.execute(WAKE_SQLITE, (u.task_id, t))
+    elif u.state in TERMINAL and row[0] is not None:
+        raw.execute(WAKE_SQLITE, (row[0], t))
+
+
+# -- PostgreSQL: one autocommitted statement, one round trip -----------------------------
+
+CLAIM_ASYNCPG = pg(CLAIM_PG)
+UPDATE_ASYNCPG = pg(UPDATE_SQL)
+BLOCK_ASYNCPG = pg(BLOCK_SQL)
+
+
+def pg_fits(u: TaskUpdate, parent_known_none: bool) -> bool:
+    """Whether the update is the whole transaction on PostgreSQL: no wait to check, and no
+    parent to wake (a settling child locks its parent first, in a transaction of its own:
+    `commit._update_task`)."""
+    if u.state == WAITING:
+        return False
+    return u.state not in TERMINAL or parent_known_none
+
+
+async def pg_claim(conn, owner: str, limit: int, lease_seconds: float,
+                   t: float) -> list[Task]:
+    rows = await conn.fetch(CLAIM_ASYNCPG, storable(owner), t + lease_seconds, t, limit)
+    blocked = []
+    claimed = claimed_tasks(rows, lambda task_id, reason: blocked.append((task_id, reason)))
+    for task_id, reason in blocked:
+        await conn.execute(BLOCK_ASYNCPG, task_id, reason, t)
+    return claimed
+
+
+async def pg_update(conn, u: TaskUpdate, t: float) -> None:
+    if await conn.fetchrow(UPDATE_ASYNCPG, *update_params(u, t)) is None:
+        raise LeaseLost(u.task_id, u.owner)
+
+
+async def explain_claim(engines, limit: int = 8) -> str:
+    """The database's plan for a claim (diagnostics, and the test that checks a claim
+    reads only the rows it takes)."""
+    t = now()
+    args = ("explain", t, t, limit)
+    if engines.dialect == "sqlite":
+        async with engines.read.connect() as conn:
+            rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {CLAIM_SQLITE}",
+                                               args)).all()
+        return "\n".join(str(r[-1]) for r in rows)
+    async with (await engines.pool()).acquire() as conn:
+        rows = await conn.fetch(f"EXPLAIN {CLAIM_ASYNCPG}", *args)
+    return "\n".join(r[0] for r in rows)

@@ -1,0 +1,84 @@
+"""Automatic recall (bot/memory/recall.py): the newest message as a whole goes through the
+ranked search, the best few hits come back in bounded text, what the window holds is
+skipped, and the scope rules are the search's. Every test runs on SQLite and PostgreSQL."""
+
+from bot.memory import recall as recall_module
+from bot.memory.recall import recall, worth_searching
+from store import Writes
+
+DAY = 86400.0
+TARGET = "I finally went to the new climbing gym on Saturday, my arms are dead"
+
+
+async def said(store, conv, *rows, at=1_700_000_000.0):
+    """Append (author, text) rows as user messages; returns their entry ids."""
+    w = Writes()
+    for author, body in rows:
+        w.append(conv.id, "user", body, author=author, created_at=at)
+    await store.commit(w)
+    return sorted(e.id for e in await store.entries_page(conv.id, limit=len(rows)))
+
+
+async def compacted(store, key, owner="me"):
+    """A conversation whose window has lost history already (recall only runs then)."""
+    conv = await store.ensure_conversation(key, owner=owner)
+    await said(store, conv, ("me", "hello"))
+    w = Writes()
+    w.append(conv.id, "compaction", "SUMMARY", data={"cut_seq": 1}, head=True)
+    await store.commit(w)
+    return await store.get_conversation(key)
+
+
+async def test_the_whole_message_is_searched_not_three_words(store):
+    """The three longest words of "Has Anna climbed anything lately?" are "anything",
+    "climbed", "lately": none of them occurs in what Anna said. The whole message, stemmed
+    and with the speaker's name, finds it."""
+    here = await compacted(store, "cli:now")
+    old = await store.ensure_conversation("cli:march", owner="me")
+    await said(store, old, ("Anna", TARGET), ("Bob", "the weather was awful all week"),
+               ("Bob", "my brother is in the Alps"))
+    found = await recall(store, here, "Has Anna climbed anything lately?", in_window=set())
+    assert found.splitlines() == [f"- 2023-11-14 Anna: {TARGET}"]
+
+
+async def test_the_window_other_scopes_and_weak_matches_are_left_out(store):
+    here = await compacted(store, "cli:now")
+    old = await store.ensure_conversation("cli:old", owner="me")
+    ids = await said(store, old, ("me", "the zeppelin museum in friedrichshafen opens at nine"),
+                     ("me", "the zeppelin museum shop sells posters"),
+                     *[("me", f"the bakery opens at {h}") for h in range(6, 12)])
+    elsewhere = await store.ensure_conversation("slack:T:D-zoe", owner="zoe")
+    await said(store, elsewhere, ("zoe", "my zeppelin museum secret is 4711"))
+    message = "When does the zeppelin museum open?"
+    found = await recall(store, here, message, in_window=set())
+    assert set(found.splitlines()) == {
+        "- 2023-11-14 me: the zeppelin museum in friedrichshafen opens at nine",
+        "- 2023-11-14 me: the zeppelin museum shop sells posters"}  # no bakery, no zoe
+    found = await recall(store, here, message, in_window={ids[0]})
+    assert found.splitlines() == ["- 2023-11-14 me: the zeppelin museum shop sells posters"]
+    zoe = await compacted(store, "slack:T:D-zoe2", owner="zoe")
+    assert "4711" in await recall(store, zoe, message, in_window=set())
+    assert "friedrichshafen" not in await recall(store, zoe, message, in_window=set())
+
+
+async def test_recall_is_a_few_hits_in_bounded_text(store, monkeypatch):
+    here = await compacted(store, "cli:now")
+    old = await store.ensure_conversation("cli:old", owner="me")
+    long = "blah " * 300 + "the kayak is in the garage " + "blah " * 300
+    await said(store, old, *[("me", f"{long} number {i}") for i in range(8)])
+    found = await recall(store, here, "where is the kayak?", in_window=set())
+    lines = found.splitlines()
+    assert len(lines) == recall_module.MAX_HITS
+    assert all("kayak" in line and len(line) < recall_module.HIT_CHARS + 40 for line in lines)
+    assert len(found) <= recall_module.MAX_CHARS
+    monkeypatch.setattr(recall_module, "MAX_CHARS", 500)
+    assert len((await recall(store, here, "where is the kayak?", in_window=set()))
+               .splitlines()) == 1
+
+
+async def test_a_message_with_nothing_to_look_up_recalls_nothing(store):
+    here = await compacted(store, "cli:now")
+    await said(store, here, ("me", "ok"), ("me", "thanks a lot"))
+    assert not worth_searching("ok thanks") and not worth_searching("is it?")
+    assert worth_searching("kayak?") and worth_searching("饺子") and worth_searching('"ok"')
+    assert await recall(store, here, "ok thanks", in_window=set()) == ""

@@ -1,0 +1,141 @@
+"""Time and people in questions: "yesterday", "last week", "in March" weigh what was said
+then (in the asker's timezone), a named speaker weighs what that person said, and every
+hit shows its date. Search tests run on SQLite and PostgreSQL."""
+
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import httpx
+
+from bot.memory.search import remember, search_history
+from bot.memory.when import parse_when
+from bot.tools import ToolContext
+from store import Writes, new_id
+
+UTC = ZoneInfo("UTC")
+BERLIN = ZoneInfo("Europe/Berlin")
+DAY = 86400.0
+
+
+def ts(s: str, zone=UTC) -> float:
+    return datetime.fromisoformat(s).replace(tzinfo=zone).timestamp()
+
+
+def span(text, now, zone=UTC):
+    w = parse_when(text, now=now, zone=zone)
+    if w is None:
+        return None
+    return (datetime.fromtimestamp(w.since, zone).strftime("%Y-%m-%d"),
+            datetime.fromtimestamp(w.until, zone).strftime("%Y-%m-%d"))
+
+
+def test_time_phrases_are_calendar_stretches():
+    now = ts("2024-06-12T10:00:00")  # a Wednesday
+    assert span("what did Anna tell me yesterday?", now) == ("2024-06-11", "2024-06-12")
+    assert span("what happened last week", now) == ("2024-06-03", "2024-06-10")
+    assert span("this week", now) == ("2024-06-10", "2024-06-13")
+    assert span("last month", now) == ("2024-05-01", "2024-06-01")
+    assert span("last spring", now) == ("2024-03-01", "2024-06-01")
+    assert span("last summer", now) == ("2023-06-01", "2023-09-01")  # this one is not over
+    assert span("last winter", now) == ("2023-12-01", "2024-03-01")
+    assert span("in May 2023", now) == ("2023-05-01", "2023-06-01")
+    assert span("where is Dev going in May?", now) == ("2024-05-01", "2024-06-01")
+    assert span("what did we do in July?", now) == ("2023-07-01", "2023-08-01")  # latest begun
+    assert span("two weeks ago", now) == ("2024-05-25", "2024-06-03")
+    assert span("since 2022", now) == ("2022-01-01", "2024-06-13")
+    assert span("this may be wrong", now) is None and span("on Saturday", now) is None
+    w = parse_when("What did Anna say about the car last week?", now=now, zone=UTC)
+    assert w.relative and w.rest("What did Anna say about the car last week?") == \
+        "What did Anna say about the car  ?"
+    month = parse_when("trip in May", now=now, zone=UTC)
+    assert not month.relative and month.rest("trip in May") == "trip in May"  # a word too
+
+
+def test_yesterday_is_the_askers_yesterday():
+    # 00:30 in Berlin on the 12th is still the 11th in UTC
+    now = ts("2024-06-12T00:30:00", BERLIN)
+    assert span("yesterday", now, BERLIN) == ("2024-06-11", "2024-06-12")
+    assert span("yesterday", now, UTC) == ("2024-06-10", "2024-06-11")
+    w = parse_when("yesterday", now=now, zone=BERLIN)
+    assert w.since == ts("2024-06-11T00:00:00", BERLIN)
+
+
+async def said(store, key, rows, *, owner="me", scope=None):
+    conv = await store.ensure_conversation(key, owner=owner, scope=scope)
+    w = Writes()
+    for author, body, at in rows:
+        w.append(conv.id, "user", body, author=author, created_at=at)
+    await store.commit(w)
+    return conv
+
+
+async def texts(store, query, *, at, zone=UTC, **kw):
+    return [h.entry.text for h in await remember(store, query, at=at, zone=zone, context=0,
+                                                 **kw)]
+
+
+async def test_the_questions_time_picks_which_of_two_alike_was_meant(store):
+    march, may = ts("2024-03-14T19:00:00"), ts("2024-05-20T19:00:00")
+    await said(store, "cli:anna", [
+        ("Anna", "we had dinner at Casa Nova on Friday, totally worth it", march),
+        ("Anna", "we had dinner at the Blue Fig on Friday, totally worth it", may),
+        ("Bob", "quick update on the car: they want another form signed", march + DAY),
+        ("Bob", "quick update on the car: it is finally sorted", may + DAY)])
+    now = ts("2024-06-02T09:00:00")
+    assert (await texts(store, "Where did Anna have dinner in March?", at=now))[0] == \
+        "we had dinner at Casa Nova on Friday, totally worth it"
+    # without the time, the newer one comes first
+    assert (await texts(store, "Where did Anna have dinner?", at=now))[0] == \
+        "we had dinner at the Blue Fig on Friday, totally worth it"
+    yesterday = march + 2 * DAY
+    assert (await texts(store, "what did Bob say about the car yesterday?", at=yesterday))[0] \
+        == "quick update on the car: they want another form signed"
+    # and in the asker's zone: 01:00 in Tokyo on March 17th is still the 16th in UTC
+    tokyo = ZoneInfo("Asia/Tokyo")
+    at = ts("2024-03-17T01:00:00", tokyo)
+    assert (await texts(store, "the car yesterday", at=at, zone=tokyo))[0] == \
+        "quick update on the car: they want another form signed"
+
+
+async def test_a_question_of_time_and_people_only_finds_what_was_said_then(store):
+    day = ts("2024-04-10T12:00:00")
+    await said(store, "cli:chat", [
+        ("Anna", "the plumber comes at eight", day - 30 * DAY),
+        ("Anna", "I am off to the coast for the weekend", day),
+        ("Bob", "have fun and send pictures", day + 60),
+        ("Anna", "back home, sunburnt", day + 5 * DAY)])
+    found = await texts(store, "What did Anna tell me yesterday?", at=day + DAY)
+    assert found[0] == "I am off to the coast for the weekend"  # no word of it in the question
+    # then, but not Anna: after what Anna said at other times (the question names her)
+    assert found.index("have fun and send pictures") == 3
+    assert await texts(store, "yesterday?", at=day + DAY) == [
+        "have fun and send pictures", "I am off to the coast for the weekend"]
+
+
+async def test_a_named_speaker_weighs_what_they_said(store):
+    t = ts("2024-02-01T12:00:00")
+    await said(store, "cli:pets", [
+        ("Anna", "we adopted a puppy from the shelter, we named her Biscuit", t),
+        ("Bob", "my neighbour's puppy keeps escaping", t + 20 * DAY)])
+    now = t + 30 * DAY
+    assert (await texts(store, "What did Anna name the puppy?", at=now))[0].endswith("Biscuit")
+    assert (await texts(store, "puppy", at=now))[0] == "my neighbour's puppy keeps escaping"
+
+
+async def test_time_never_reaches_another_scope(store):
+    day = ts("2024-04-10T12:00:00")
+    await said(store, "slack:T:D-zoe", [("zoe", "my pin is 4711", day)], owner="zoe")
+    await said(store, "cli:me", [("me", "lunch was great", day)])
+    found = await texts(store, "what was said yesterday?", at=day + DAY,
+                        scopes=["private:me"])
+    assert found == ["lunch was great"]
+
+
+async def test_the_tool_shows_each_hits_date_in_the_askers_zone(store):
+    conv = await said(store, "cli:tool", [
+        ("Anna", "I went to the climbing gym", ts("2024-03-09T23:30:00"))])
+    async with httpx.AsyncClient() as http:
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id, http=http,
+                          timezone="Europe/Berlin")
+        out = (await search_history.run(ctx, {"query": "climbing"})).content
+    assert "1. Sun 2024-03-10 00:30 CET · cli:tool · #1" in out.splitlines()
