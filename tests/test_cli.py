@@ -121,6 +121,24 @@ async def test_run_drains_on_sigterm_and_exits_zero(home):
     assert proc.returncode == 0
 
 
+async def test_sigusr1_logs_where_each_task_waits_and_keeps_running(home):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=steward_env(home), cwd=home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.startswith(b"steward: running on sqlite")
+    proc.send_signal(signal.SIGUSR1)
+    dump = b""
+    while b"Runner.run" not in dump:  # the runner's loop, with the line it waits on
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert line, f"steward ended: {dump.decode()}"
+        dump += line
+    assert b"tasks (SIGUSR1)" in dump and proc.returncode is None
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0
+
+
 async def test_first_run_with_nothing_configured_uses_the_demo_model(home):
     code, out, err = await steward(home, "ask", "hello there")
     assert code == 0, err

@@ -92,8 +92,8 @@ async def start(home: Path, account, kill_at: str | None = None, run: int = 0):
         log.close()
 
 
-def logs(home: Path) -> str:
-    return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(home.glob("run*.log")))
+def logs(home: Path, tail: int = 4000) -> str:
+    return "\n".join(p.read_text(errors="replace")[-tail:] for p in sorted(home.glob("run*.log")))
 
 
 async def ended(proc, home: Path, seconds: float = 60.0) -> int:
@@ -128,7 +128,9 @@ async def test_every_allowed_mail_is_answered_once_after_sigkill(
         await sink.wait_for(3, seconds=45)
         await asyncio.sleep(1.0)  # anything sent twice would arrive now
     except TimeoutError:
-        pytest.fail(f"{len(sink.messages)} replies:\n{logs(home)}")
+        second.send_signal(signal.SIGUSR1)  # where each of its tasks waits, into the log
+        await asyncio.sleep(1.0)
+        pytest.fail(f"{len(sink.messages)} replies:\n{logs(home, 12000)}")
     finally:
         second.send_signal(signal.SIGTERM)
         assert await ended(second, home) == 0, logs(home)

@@ -19,7 +19,7 @@ from bot.agent.deps import AgentDeps
 from bot.agent.llm_call import LLMCall
 from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
-from bot.app import allocator
+from bot.app import allocator, taskdump
 from bot.app.config import StewardConfig as Config
 from bot.app.opened import opened_store
 from bot.llm.factory import make_client
@@ -138,6 +138,7 @@ async def run_forever(config: Config) -> int:
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
+        taskdump.install(loop)
         serving = asyncio.create_task(app.runner.run())
         trimming = asyncio.create_task(allocator.trim_periodically())
         # Interrupted tasks were resumed when the app opened; now re-arm the schedules

@@ -213,12 +213,15 @@ class ImapSession:
 
     async def set_flags(self, uid: int, flags: str, *, add: bool) -> None:
         op = "+FLAGS.SILENT" if add else "-FLAGS.SILENT"
-        _check(await self.client.uid("store", str(uid), op, f"({flags})"), "STORE")
+        # aioimaplib's UID STORE and UID EXPUNGE have no timeout of their own.
+        _check(await asyncio.wait_for(self.client.uid("store", str(uid), op, f"({flags})"),
+                                      self.timeout), "STORE")
 
     async def delete(self, uid: int) -> None:
         await self.set_flags(uid, "\\Deleted", add=True)
         if self.client.has_capability("UIDPLUS"):
-            _check(await self.client.uid("expunge", str(uid)), "EXPUNGE")
+            _check(await asyncio.wait_for(self.client.uid("expunge", str(uid)), self.timeout),
+                   "EXPUNGE")
         else:
             _check(await self.client.expunge(), "EXPUNGE")
 
