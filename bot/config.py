@@ -171,6 +171,9 @@ class AgentConfig(Section):
     # ("192.168.1.10", "nas.local", "10.0.0.0/24"); everything else must be public
     # (bot/tools/netguard.py).
     http_allow: list[str] = Field(default_factory=list)
+    # Hosts whose pages web tools fetch without asking even when the person did not write
+    # the address ("en.wikipedia.org", ".example.com" for its subdomains too).
+    fetch_hosts: list[str] = Field(default_factory=list)
 
     @field_validator("http_allow")
     @classmethod

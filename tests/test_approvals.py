@@ -12,9 +12,9 @@ import pytest
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, ToolCall
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.slack_events import says
+from tests.fakes.slack_events import mention_of, mentions, says
 from tests.fakes.slack_rig import SlackRig
-from tests.fakes.slack_server import FakeSlack
+from tests.fakes.slack_server import TEAM, FakeSlack
 from tests.test_crash_agent import make_home, steward
 
 SESSION = "cli:pay"
@@ -142,6 +142,29 @@ async def test_the_wait_and_the_yes_survive_sigkill(store_url, tmp_path, llm, po
     assert [t["state"] for t in tasks if t["kind"] == "approval"] == ["done"]
 
 
+@pytest.mark.parametrize("point", [
+    "in-phase:approval.waiting",  # the no is recorded; the wait was cut off applying it
+    "after-result:approval",  # the refusal is the approval's result; the turn had not seen it
+])
+async def test_a_no_survives_sigkill_and_the_call_never_runs(store_url, tmp_path, llm, point):
+    home = home_for(tmp_path, store_url, llm)
+    code = await asked(home)
+    status, _, err = await steward(home, "ask", "--session", SESSION, f"no {code}",
+                                   kill_at=point)
+    assert status == -signal.SIGKILL, err[-2000:]
+    status, _, err = await steward(home, "resume")
+    assert status == 0, err[-3000:]
+    assert runs(home) == 0
+    assert await finals(home) == ["Done: error: not run: the person refused it"]
+    _, out, _ = await steward(home, "tasks", "--json", "--limit", "100")
+    tasks = [json.loads(line) for line in out.splitlines()]
+    assert [t["state"] for t in tasks if t["kind"] == "approval"] == ["done"]
+    assert [t for t in tasks if t["kind"] == "tool_call"] == []
+    # A yes after the no changes nothing: an ordinary message.
+    status, out, _ = await steward(home, "ask", "--session", SESSION, f"yes {code}")
+    assert status == 0 and f"echo: yes {code}" in out and runs(home) == 0
+
+
 def todo_script(request) -> Response:
     last = request.messages[-1]
     if last.role == "tool":
@@ -186,3 +209,41 @@ async def shown(slack, channel: str, count: int, within: float = 10.0) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{channel} shows {slack.bot_messages(channel)}")
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
+async def test_in_a_shared_thread_the_approval_is_for_whoever_asked(store, tmp_path):
+    """Alice opened the thread; Bob asks in it. Bob's request waits for Bob's yes, not the
+    thread owner's."""
+    with FakeSlack() as slack:
+        slack.add_user("U0ALICE", "Alice")
+        slack.add_user("U0BOB", "Bob")
+        async with SlackRig(store, tmp_path, slack, client=ScriptedModel(todo_script),
+                            allowed_users=["U0ALICE", "U0BOB"],
+                            agent={"approval_tools": ["todo"]}) as rig:
+            top, _ = says(slack, "C0GENERAL", "U0ALICE", mentions("hello"))
+            await rig.send(mention_of(top, "C0GENERAL"))
+            await shown(slack, "C0GENERAL", 1)
+            _, body = says(slack, "C0GENERAL", "U0BOB", "add eggs", thread_ts=top["ts"])
+            await rig.send(body)
+            await shown(slack, "C0GENERAL", 2)
+            request = slack.bot_messages("C0GENERAL")[1]
+            assert request["text"].startswith("Approval needed: may I run the tool todo")
+            code = re.search(r"`yes ([0-9a-f]{8})`", request["text"]).group(1)
+            [waiting] = await store.list_tasks(kind="approval")
+            assert waiting.inputs["who"] == f"slack:{TEAM}:U0BOB"
+            # The thread's owner cannot approve Bob's request: an ordinary message (queued
+            # behind Bob's turn, answered once that is done).
+            _, body = says(slack, "C0GENERAL", "U0ALICE", f"yes {code}", thread_ts=top["ts"])
+            await rig.send(body)
+            await asyncio.sleep(1.0)
+            assert (await store.get_task(waiting.id)).state != "done"
+            assert len(slack.bot_messages("C0GENERAL")) == 2
+            _, body = says(slack, "C0GENERAL", "U0BOB", f"yes {code}", thread_ts=top["ts"])
+            await rig.send(body)
+            await shown(slack, "C0GENERAL", 4)
+            await rig.settle()
+        texts = [m["text"] for m in slack.bot_messages("C0GENERAL")]
+        assert len(texts) == 4, texts
+        assert texts[2].startswith("Tool said: ") and "eggs" in texts[2]
+        assert texts[3] == f"echo: yes {code}"

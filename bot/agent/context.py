@@ -333,9 +333,10 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
         found = await recall(conversation, messages[last_user].content,
                              {e.id for e in window.entries})
         if found:
+            # Old messages are what people said, not what Steward may do: data, like a page.
             messages.insert(last_user, Message(role="system", content=(
                 "Possibly relevant, from earlier history (search_history has more):\n"
-                + found)))
+                + UNTRUSTED + found)))
     request = Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
                       messages=[Message(role="system", content=prompt), *messages])
     return Assembled(request, int(request_chars(request) * ratio) + 1, window)

@@ -15,6 +15,7 @@ from bot.tools.base import known_timezone
 from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
 
 TURN = "turn"
+ASKER = "asker"  # a turn's input: the person whose message it answers
 TIMEZONE = "timezone"  # a turn's input (and its message's data): the author's IANA zone
 WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
 WITHDRAW_ATTEMPTS = 5
@@ -50,6 +51,8 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
     zone = known_timezone(timezone)
     w = Writes()
     inputs: dict[str, Any] = {"channel": channel, "reply_to": reply_to or {}}
+    if owner is not None:  # who asked: their yes is the one an approval waits for
+        inputs[ASKER] = owner
     entry_data: dict[str, Any] = {"channel": channel, **(data or {})}
     if zone is not None:
         inputs[TIMEZONE] = entry_data[TIMEZONE] = zone

@@ -21,7 +21,7 @@ from bot.agent.approval import KIND as APPROVAL
 from bot.agent.compact import KIND as COMPACT
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
-from bot.agent.inbox import TIMEZONE, TURN
+from bot.agent.inbox import ASKER, TIMEZONE, TURN
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
@@ -154,11 +154,30 @@ class Turn(TaskDef):
         return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
 
     async def _asking(self, ctx: TaskContext) -> Asking:
-        conversation = await self.store.get_conversation_by_id(ctx.task.conversation_id)
-        asker = conversation.owner if ctx.inputs.get("channel") == "email" else None
-        return Asking(recipients(self.deps), asker=asker,
-                      read_outside=ctx.checkpoint.get("read_outside"),
-                      who=conversation.owner or "local")
+        conv_id = ctx.task.conversation_id
+        conversation = await self.store.get_conversation_by_id(conv_id)
+        # The person who asked (in a shared thread not always the one who started it);
+        # turns stored before it was an input fall back to the conversation's owner.
+        who = ctx.inputs.get(ASKER) or conversation.owner
+        return Asking(recipients(self.deps),
+                      asker=who if ctx.inputs.get("channel") == "email" else None,
+                      read_outside=ctx.checkpoint.get("read_outside"), who=who or "local",
+                      own_words=await self._own_words(ctx))
+
+    async def _own_words(self, ctx: TaskContext) -> str:
+        """What was written in the messages this turn answers (its own and the follow-ups
+        it took in, up to `upto`), for the fetch rule in bot.tools.permissions."""
+        conv_id, upto = ctx.task.conversation_id, ctx.checkpoint["upto"]
+        mine = await self.store.entry_of_task(conv_id, ctx.task.id)
+        if mine is None:
+            return ""
+        said = []
+        for e in await self.store.entries_page(conv_id, after=mine.seq - 1, limit=50):
+            if e.seq > upto:
+                break
+            if e.kind == "user" and not (e.data or {}).get("untrusted"):
+                said.append(e.text)
+        return "\n".join(said)
 
     async def _approval(self, call: ToolCall, asking: Asking) -> str | None:
         tool = self.deps.toolbox.get(call.name)

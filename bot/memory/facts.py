@@ -18,6 +18,7 @@ from pydantic import Field
 from bot.runtime import Policy
 from bot.tools import ToolContext, tool
 from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id, with_ids
+from bot.tools.permissions import REMEMBERS
 from store import NotFound, Store
 from store.documents import Draft
 from store.documents.draft import TrackedDict
@@ -144,7 +145,7 @@ NUMBER = Field(description="the fact's number in your memory list (a fact keeps 
                            "number when others are added or forgotten)")
 
 
-@tool(policy=Policy.SAFE)
+@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}))
 async def remember_fact(
     ctx: ToolContext,
     fact: Annotated[str, Field(description="one self-contained statement, e.g. "
@@ -161,7 +162,7 @@ async def remember_fact(
     return await _edit(ctx, change)
 
 
-@tool(policy=Policy.SAFE)
+@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}))
 async def update_fact(
     ctx: ToolContext,
     number: Annotated[int, NUMBER],
@@ -178,7 +179,7 @@ async def update_fact(
     return await _edit(ctx, change)
 
 
-@tool(policy=Policy.SAFE)
+@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}))
 async def forget_fact(
     ctx: ToolContext,
     number: Annotated[int, NUMBER],

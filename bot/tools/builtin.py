@@ -18,7 +18,7 @@ from bot.tools.base import Tool, ToolContext, tool
 from bot.tools.guarded_http import guarded_client
 from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id
 from bot.tools.netguard import NetGuard
-from bot.tools.permissions import NETWORK, READS_OUTSIDE
+from bot.tools.permissions import NETWORK, READS_OUTSIDE, REMEMBERS
 from store import NotFound, conversation_namespace
 from store.documents import Draft
 
@@ -247,7 +247,7 @@ def render_todo(items: list[dict]) -> str:
                      f"{item.get('text', '')}" for n, item in enumerate(items, 1))
 
 
-@tool(policy=Policy.SAFE)
+@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}))
 async def todo(
     ctx: ToolContext,
     action: Annotated[Literal["add", "complete", "reopen", "remove", "list"], Field(

@@ -13,6 +13,12 @@ model's word for the recipient. It may send to:
 and only through a channel that is enabled. Anything else needs the person's approval
 (`bot/agent/approval.py`: a durable wait for their yes or no), asked before the call runs.
 
+A fetch sends too: the address itself reaches its server ("https://evil.test/?pin=1234",
+or the PIN as a host name). So a tool that reaches the NETWORK fetches, without asking,
+only an address the person wrote in the messages this turn answers (copied from their own
+words, it carries nothing from Steward's memory) or one on a host listed in `[agent]
+fetch_hosts`; any other address, a link found in a page included, needs their approval.
+
 Approval is also asked, whatever the arguments, for:
 
 - the tools named in `[agent] approval_tools`, and unsafe tools from `[agent]
@@ -32,7 +38,8 @@ SENDS = "sends"  # puts something in front of someone (mail, a post)
 SCHEDULES = "schedules"  # makes Steward act later, unattended
 READS_OUTSIDE = "reads_outside"  # its result is text from outside (a page, old mail)
 PRIVATE = "private_memory"  # reads what the person told Steward
-NETWORK = "network"  # reaches hosts on the network
+REMEMBERS = "changes_memory"  # changes what Steward keeps for the person (facts, to-dos)
+NETWORK = "network"  # reaches hosts on the network: its `url` argument leaves Steward
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class Asking:
     asker: str | None = None  # their address where the channel knows it (email)
     approved: bool = False  # the person already said yes to this very call
     read_outside: str | None = None  # the tool whose outside text this turn has read
-    who: str = "local"  # whom an approval goes to: the conversation's owner
+    who: str = "local"  # whom an approval goes to: the person who asked
+    own_words: str = ""  # what the person wrote in the messages this turn answers
 
 
 def recipients(deps: Any) -> Recipients:
@@ -102,7 +110,27 @@ def approval_needed(tool: Any, arguments: dict, asking: Asking, *, custom: bool,
             custom and tool.policy_for(arguments) == "unsafe"
             and config.agent.approve_unsafe_custom_tools):
         return f"run the tool {tool.name} ({shown})"
+    url = arguments.get("url")
+    if NETWORK in tool.touches and isinstance(url, str) and not _may_fetch(
+            url, asking.own_words, config.agent.fetch_hosts):
+        return (f"fetch {url[:200]} with {tool.name}: an address you did not write, and "
+                "the address itself reaches that server")
     if asking.read_outside and tool.touches & {SENDS, SCHEDULES}:
         return (f"run {tool.name} ({shown}), asked for after reading text from outside "
                 f"(via {asking.read_outside}), which may be trying to make me do it")
     return None
+
+
+def _may_fetch(url: str, own_words: str, hosts: Iterable[str]) -> bool:
+    """Whether `url` may be fetched unasked: written by the person, or on a listed host."""
+    url = url.strip()
+    if url and url in own_words:
+        return True
+    from urllib.parse import urlsplit
+
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return False
+    return bool(host) and any(host == h or (h.startswith(".") and host.endswith(h))
+                              for h in (x.strip().lower() for x in hosts))
