@@ -26,7 +26,13 @@ from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
-from bot.tools.permissions import READS_OUTSIDE, Asking, approval_needed, recipients
+from bot.tools.permissions import (
+    READS_OUTSIDE,
+    Asking,
+    approval_needed,
+    outside_in,
+    recipients,
+)
 from store import DONE
 
 # Seconds a queued turn sleeps at most. Only a safety net: the older turn's last commit wakes
@@ -159,33 +165,31 @@ class Turn(TaskDef):
         # The person who asked (in a shared thread not always the one who started it);
         # turns stored before it was an input fall back to the conversation's owner.
         who = ctx.inputs.get(ASKER) or conversation.owner
+        said = await self._answered(ctx)
+        outside = next((o for e in said if (o := outside_in(e.text, e.data))), None)
         return Asking(recipients(self.deps),
                       asker=who if ctx.inputs.get("channel") == "email" else None,
-                      read_outside=ctx.checkpoint.get("read_outside"), who=who or "local",
-                      own_words=await self._own_words(ctx))
+                      read_outside=ctx.checkpoint.get("read_outside") or outside,
+                      who=who or "local", own_words="\n".join(e.text for e in said))
 
-    async def _own_words(self, ctx: TaskContext) -> str:
-        """What was written in the messages this turn answers (its own and the follow-ups
-        it took in, up to `upto`), for the fetch rule in bot.tools.permissions."""
+    async def _answered(self, ctx: TaskContext) -> list:
+        """The messages this turn answers: its own and the follow-ups it took in, up to
+        `upto` (what the person wrote, for the rules in bot.tools.permissions)."""
         conv_id, upto = ctx.task.conversation_id, ctx.checkpoint["upto"]
         mine = await self.store.entry_of_task(conv_id, ctx.task.id)
         if mine is None:
-            return ""
-        said = []
-        for e in await self.store.entries_page(conv_id, after=mine.seq - 1, limit=50):
-            if e.seq > upto:
-                break
-            if e.kind == "user" and not (e.data or {}).get("untrusted"):
-                said.append(e.text)
-        return "\n".join(said)
+            return []
+        return [e for e in await self.store.entries_page(conv_id, after=mine.seq - 1, limit=50)
+                if e.seq <= upto and e.kind == "user"]
 
     async def _approval(self, call: ToolCall, asking: Asking) -> str | None:
         tool = self.deps.toolbox.get(call.name)
         if tool is None:
             return None  # answered with an error, nothing runs
-        return approval_needed(tool, call.arguments, asking, config=self.deps.config,
-                               custom=call.name in self.deps.toolbox.custom) \
-            or await tool.approval(asking, call.arguments)
+        # The tool's own rule first: it says what exactly would happen (whom it mails).
+        return await tool.approval(asking, call.arguments) or approval_needed(
+            tool, call.arguments, asking, config=self.deps.config,
+            custom=call.name in self.deps.toolbox.custom)
 
     async def _phase_after_tools(self, ctx: TaskContext):
         cp = {k: v for k, v in ctx.checkpoint.items() if k != "tool_tasks"}

@@ -23,13 +23,16 @@ Approval is also asked, whatever the arguments, for:
 
 - the tools named in `[agent] approval_tools`, and unsafe tools from `[agent]
   tool_modules` and MCP servers (unless `approve_unsafe_custom_tools = false`);
-- a tool that SENDS or changes SCHEDULES, once the turn has read content from outside
-  (a tool that READS_OUTSIDE: a web page, a search hit): such text is data, never
-  permission, and an instruction hidden in it must not act unseen.
+- a tool that SENDS or changes SCHEDULES, once the turn has read content from outside:
+  a tool that READS_OUTSIDE (a web page, a search hit), or a message that brings someone
+  else's words with it (`outside_in`: a forwarded mail, quoted lines, an attached file).
+  Such text is data, never permission, and an instruction hidden in it must not act
+  unseen. The person's own words in the same message still count as theirs.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -134,3 +137,19 @@ def _may_fetch(url: str, own_words: str, hosts: Iterable[str]) -> bool:
         return False
     return bool(host) and any(host == h or (h.startswith(".") and host.endswith(h))
                               for h in (x.strip().lower() for x in hosts))
+
+
+FORWARDED = re.compile(r"^\s*(-{5,}\s*Forwarded message\s*-{5,}|Begin forwarded message:"
+                       r"|-{2,}\s*Original Message\s*-{2,})\s*$", re.IGNORECASE | re.MULTILINE)
+QUOTED = re.compile(r"^\s*>", re.MULTILINE)
+
+
+def outside_in(text: str, data: dict | None) -> str | None:
+    """What in a person's message is someone else's text (None: all their own)."""
+    if FORWARDED.search(text):
+        return "a forwarded message"
+    if QUOTED.search(text):
+        return "quoted text"
+    if (data or {}).get("attachments"):  # bot.attachments.REF: files, read as text
+        return "an attached file"
+    return None
