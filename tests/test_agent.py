@@ -218,6 +218,15 @@ async def test_a_provider_error_reaches_the_person_short_and_without_its_text(ma
                     "MY_KEY).")
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "Incorrect API key provided" in logged and "sk-proj" not in logged
+    # Nor is it kept: the call's result and the ledger (both shown by the inspector).
+    [call] = await agent.store.list_tasks(kind="llm_call")
+    assert "Incorrect API key" in call.result["error"] and "sk-proj" not in call.result["error"]
+    async with agent.store._engines.read.connect() as conn:
+        from sqlalchemy import select
+
+        from store.schema import usage as ledger
+        errors = list((await conn.execute(select(ledger.c.error))).scalars())
+    assert errors and all("sk-proj" not in e for e in errors), errors
 
 
 async def test_the_ledger_prices_each_call(make_agent):

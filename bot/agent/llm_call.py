@@ -12,6 +12,7 @@ import json
 import logging
 import time
 
+from bot.agent.apology import redact
 from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
@@ -79,7 +80,7 @@ class LLMCall(Effect):
             streamed = ""
             await ctx.save_checkpoint({**checkpoint, "partial": ""})
             self.deps.events.publish(Event(conv_id, "retry", {
-                "task": ctx.task.id, "turn": ctx.task.parent_id, "error": str(error)}))
+                "task": ctx.task.id, "turn": ctx.task.parent_id, "error": redact(str(error))}))
 
         chain = [(self.deps.client, self.deps.config.llm), *self.deps.fallbacks]
         client, priced = chain[0]
@@ -95,8 +96,9 @@ class LLMCall(Effect):
                 cache_write_tokens=usage.cache_write_tokens if usage else 0,
                 cost_usd=0.0 if usage is None else usage.cost_usd
                 if usage.cost_usd is not None else priced.cost_usd(usage),
-                ok=error is None, error=None if error is None else f"{type(error).__name__}: "
-                f"{error}", task_id=ctx.task.id, conversation_id=conv_id)
+                ok=error is None, error=None if error is None else redact(
+                    f"{type(error).__name__}: {error}"),
+                task_id=ctx.task.id, conversation_id=conv_id)
             if error is None:
                 ctx.writes.record_usage(record)  # lands with the result
             else:
@@ -132,6 +134,7 @@ class LLMCall(Effect):
 
 
 def _failed(exc: LLMError) -> dict:
-    return {"error": str(exc), "error_type": type(exc).__name__,
+    # Kept in the task's result, which the inspector and `steward tasks` show: redacted.
+    return {"error": redact(str(exc)), "error_type": type(exc).__name__,
             "retry_after": getattr(exc, "retry_after", None),
             "key_env": getattr(exc, "key_env", None)}
