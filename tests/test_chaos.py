@@ -20,8 +20,17 @@ on any non-zero count of the first three, listing each message concerned. A mail
 the SMTP server received all of but the final dot (Steward was killed inside DATA, after
 marking its Sent copy as being sent) is in doubt by design: the server drops it and
 Steward, which cannot tell, does not send it again rather than risk sending it twice (the
-README's one window in doubt). The sink keeps what such a DATA held, so these are counted
-apart (D), and only these: an answer missing for any other reason is lost.
+README's one window in doubt). The sink keeps what such a DATA held, and Steward's run
+log says, for the reply's Message-ID, that it "was being sent when it was cut off; it is
+taken as sent and not repeated" (`connectors/email/channel.py` `find`); these, and only
+these, are counted apart (D). A DATA cut off before the flag was set (killed while
+marking the copy) was not sent, and Steward must send it again: missing, that answer is
+lost, as is an answer missing for any other reason.
+
+The long run also fails unless its workload exercised each thing it is there for: a Slack
+retry, an acknowledged event sent again, a thread reply acknowledged before its thread's
+first message, a mail sent while Steward was down, and a tool call (its result back at the
+model). The short run only prints these.
 
     STEWARD_CHAOS_SEED=123       replay a seed (else a random one, always printed)
     STEWARD_CHAOS_KILLS=15       kills (self-kills at internal kill points included)
@@ -335,11 +344,14 @@ class Tally:
 
 def tally(msgs: list[Msg], answers: list[Output], refusals: list[Output],
           sent_copies: dict[str, list[str]] | None = None,
-          cut: list[Output] | None = None) -> Tally:
+          cut: list[Output] | None = None, taken: set[str] | None = None) -> Tally:
     """`sent_copies`: In-Reply-To -> the copies in the Sent folder (for diagnosis only).
-    `cut`: mail answers the SMTP server got all of but the final dot (see `cut_off`)."""
+    `cut`: mail answers the SMTP server got all of but the final dot (see `cut_off`).
+    `taken`: the Message-IDs of replies Steward's log says it took as sent in doubt (see
+    `TakenAsSent`); a cut-off answer is in doubt only if its Message-ID is among them."""
     t = Tally()
     cut = [c for c in cut or [] if c.complete]
+    taken = taken or set()
     sent_copies = sent_copies or {}
     sent = [m for m in msgs if m.sent_at is not None]
     complete = [a for a in answers if a.complete]
@@ -361,10 +373,17 @@ def tally(msgs: list[Msg], answers: list[Output], refusals: list[Output],
                 used.update(id(a) for a in partial)
                 journaled = "".join(f"\n      Sent folder: {c}"
                                     for c in sent_copies.get(m.message_id, []))
-                doubt = [c for c in cut if m.token in c.tokens] if m.is_mail else []
-                (t.in_doubt if doubt else t.lost).append(
-                    f"{'in doubt' if doubt else 'lost'} {m.describe()}"
-                    f"{listing(doubt or partial)}{journaled}")
+                cuts = [c for c in cut if m.token in c.tokens] if m.is_mail else []
+                doubt = [c for c in cuts if _strip(c.mail.get("Message-ID")) in taken]
+                if doubt:
+                    t.in_doubt.append(f"in doubt {m.describe()}{listing(doubt)}{journaled}")
+                else:
+                    # Cut off before its copy was flagged as being sent: not sent, and
+                    # Steward should have sent it again.
+                    note = "\n      (cut off inside DATA, but the log never took it as " \
+                           "sent: it should have been sent again)" if cuts else ""
+                    t.lost.append(f"lost {m.describe()}{listing(cuts or partial)}{note}"
+                                  f"{journaled}")
             elif len(hits) > 1:
                 t.duplicate.append(f"duplicate {m.describe()}: {len(hits)} answers"
                                    f"{listing(hits)}")
@@ -421,6 +440,33 @@ async def sent_folder(account) -> dict[str, list[str]]:
     return await asyncio.to_thread(account._call, work)
 
 
+# `connectors/email/channel.py` `find`, taking a reply cut off after its copy was flagged
+# as being sent for sent.
+TAKEN_AS_SENT = re.compile(r"message <([^>\s]+)> was being sent when it was cut off; it is "
+                           r"taken as sent and not repeated")
+
+
+class TakenAsSent:
+    """The Message-IDs of the replies Steward's run logs (`run*.log` in its home) say were
+    taken as sent in doubt. Read again on each call, a log only from where it grew (the
+    logs of dead runs never change)."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self._read: dict[Path, int] = {}
+        self._found: set[str] = set()
+
+    def __call__(self) -> set[str]:
+        for path in sorted(self.home.glob("run*.log")):
+            with open(path, "rb") as f:
+                f.seek(self._read.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written is read next time
+            self._read[path] = self._read.get(path, 0) + end
+            self._found.update(TAKEN_AS_SENT.findall(data[:end].decode(errors="replace")))
+        return set(self._found)
+
+
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
 OWN_ID = re.compile(r"<(c\d+\.[^>@]+@[^>]+)>")
 
@@ -439,10 +485,17 @@ def log_lines(home: Path, problem: str, limit: int = 6) -> str:
     return "".join(found[:limit]) + more
 
 
-def satisfied(msgs: list[Msg], slack: ChaosSlack, sink: ChaosSink) -> bool:
-    """Everything due is there (maybe more: the count tells)."""
+def satisfied(msgs: list[Msg], slack: ChaosSlack, sink: ChaosSink,
+              taken: TakenAsSent) -> bool:
+    """Everything due is there (maybe more: the count tells); a mail cut off inside DATA
+    only if Steward took it as sent."""
     answers, refusals = received(slack, sink)
-    tokens = {t for a in [*answers, *cut_off(sink)] if a.complete for t in a.tokens}
+    tokens = {t for a in answers if a.complete for t in a.tokens}
+    cut = [c for c in cut_off(sink) if c.complete]
+    if cut:
+        ids = taken()
+        tokens |= {t for c in cut if _strip(c.mail.get("Message-ID")) in ids
+                   for t in c.tokens}
     places = {r.where for r in refusals}
     for m in msgs:
         if m.sent_at is None:
@@ -597,11 +650,14 @@ async def quiesce(steward: Steward, slack: ChaosSlack, sink: ChaosSink,
 
 
 async def chaos(home: Path, store_url: str, account, *, kills: int, messages: int, seed: int,
-                budget: float) -> str:
+                budget: float, require_coverage: bool = False) -> str:
+    """`require_coverage`: fail unless the workload exercised each thing it is meant to
+    (see the module's docstring); else that is only printed."""
     print(f"chaos: seed {seed}, {kills} kills, {messages} messages, logs in {home}")
     msgs = plan(random.Random(f"{seed}:plan"), messages,
                 gap=max(0.25, kills * 3.4 / max(1, messages)))
     convs = {m.token: m.conv for m in msgs}
+    taken = TakenAsSent(home)
     with ChaosSlack() as slack, FakeLLMServer() as llm:
         for user, name in ((ALICE, "Alice"), (BOB, "Bob"), (EVE, "Eve")):
             slack.add_user(user, name)
@@ -629,7 +685,7 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
                          asyncio.create_task(killer.run(kills))]
                 await asyncio.gather(*tasks)
                 settled = await quiesce(steward, slack, sink, llm, sender,
-                                        lambda: satisfied(msgs, slack, sink),
+                                        lambda: satisfied(msgs, slack, sink, taken),
                                         quiet=5.0, give_up=20.0)
                 code = await steward.terminate()
         except TimeoutError:
@@ -644,7 +700,7 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
             await sink.stop()
 
     answers, refusals = received(slack, sink)
-    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink))
+    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink), taken())
     line = (f"kills={steward.deaths} messages={sum(m.sent_at is not None for m in msgs)} "
             f"lost={len(t.lost)} duplicate={len(t.duplicate)} wrong={len(t.wrong)} "
             f"(seed {seed}); in doubt {len(t.in_doubt)}")
@@ -668,11 +724,20 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
         print("acked before their thread's first message:", ", ".join(
             f"{m.token} ({m.kind}, {acked(m.root) - acked(m):.2f}s before {m.root.token})"
             for m in early))
+    # What the workload exercised: (what, how many times).
+    exercised = [
+        ("Slack retries", sender.retries),
+        ("acked events sent again", sum(d.acks > 1 for d in sender.deliveries.values())),
+        ("thread replies acked before their thread's first message", len(early)),
+        ("mails sent while down", sum(m.while_down for m in msgs if m.is_mail)),
+        ("tool results back at the model", sum(
+            1 for r in llm.requests if isinstance(r.body, dict)
+            and (r.body.get("messages") or [{}])[-1].get("role") == "tool")),
+    ]
     stats = (f"runs {steward.runs}, kills by the test {steward.kills}, self-kills "
-             f"{steward.self_kills}, Slack retries {sender.retries}, thread replies acked "
-             f"before their thread's first message {len(early)}, mails sent while down "
-             f"{sum(m.while_down for m in msgs if m.is_mail)}, settled {settled}; logs in "
-             f"{home}")
+             f"{steward.self_kills}, "
+             + ", ".join(f"{what} {count}" for what, count in exercised)
+             + f", settled {settled}; logs in {home}")
     print(stats)
     if steward.crashes:
         pytest.fail(f"{line}\nsteward exited by itself: {steward.crashes}\n{steward.tail()}",
@@ -681,6 +746,10 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
         pytest.fail(f"{line}\nSIGTERM: exit {code}\n{steward.tail()}", pytrace=False)
     if not t.clean:
         pytest.fail(f"{line}{details}\n{stats}", pytrace=False)
+    missing = [what for what, count in exercised if not count]
+    if require_coverage and missing:
+        pytest.fail(f"{line}\nthe workload never exercised: {', '.join(missing)}\n{stats}",
+                    pytrace=False)
     return line
 
 
@@ -696,12 +765,13 @@ async def test_chaos_long(store_url, tmp_path, account):
     kills = size("STEWARD_CHAOS_KILLS", 250)
     await chaos(tmp_path / "home", store_url, account, kills=kills,
                 messages=size("STEWARD_CHAOS_MESSAGES", 500), seed=chaos_seed(),
-                budget=120 + kills * 8.0)
+                budget=120 + kills * 8.0, require_coverage=True)
 
 
-async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt():
+async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt(tmp_path):
     """The tally itself: a real SMTP connection that sends a whole answer but closes before
-    the dot leaves that answer in doubt; an answer missing without that is lost."""
+    the dot leaves that answer in doubt, if Steward's log says it took that reply as sent;
+    cut off so without that line (before the flag), or missing without a cut, it is lost."""
     sink = await ChaosSink().start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", sink.port)
@@ -718,7 +788,8 @@ async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt():
             while answer[3:4] == "-":  # EHLO's lines
                 answer = (await reader.readline()).decode()
         assert (await say("DATA")).startswith("354")
-        writer.write(b"In-Reply-To: <m1.s1@example.com>\r\nSubject: Re: hi\r\n\r\n"
+        writer.write(b"Message-ID: <c1.k1@steward.test>\r\n"
+                     b"In-Reply-To: <m1.s1@example.com>\r\nSubject: Re: hi\r\n\r\n"
                      b"Answering m1.\r\n..dot-stuffed\r\n" + MARKER.encode() + b"\r\n")
         await writer.drain()
         writer.close()  # killed: no final dot
@@ -734,6 +805,27 @@ async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt():
         await sink.stop()
     sent = [Msg(n, "mail_new", "ana", None, 0.0, "hi", message_id=f"m{n}.s1@example.com",
                 sent_at=1.0) for n in (1, 2)]
-    t = tally(sent, [], [], {}, [cut])
+    # The line `find` logs (as `steward -v run` writes it), among others, in a log whose
+    # last line is still being written.
+    (tmp_path / "run000.log").write_text(
+        "2025-01-01 10:00:00,000 WARNING connectors.email.channel: email: message "
+        "<c1.k1@steward.test> was being sent when it was cut off; it is taken as sent and "
+        "not repeated (its copy is in Sent)\n"
+        "2025-01-01 10:00:00,001 INFO bot.runtime.runner: something else\n")
+    (tmp_path / "run001.log").write_text("2025-01-01 10:00:01,000 WARNING connectors.email."
+                                         "channel: email: message <c9.k9@steward.test> was ")
+    taken = TakenAsSent(tmp_path)
+    assert taken() == {"c1.k1@steward.test"}
+    t = tally(sent, [], [], {}, [cut], taken())
     assert [line.split()[:2] for line in t.in_doubt] == [["in", "doubt"]]
+    assert "m1.s1" in t.in_doubt[0]
     assert len(t.lost) == 1 and "m2.s1" in t.lost[0]
+    # Without the log line (cut off before the copy was flagged as being sent), it is lost.
+    t = tally(sent, [], [], {}, [cut], set())
+    assert t.in_doubt == [] and len(t.lost) == 2
+    assert "m1.s1" in t.lost[0] and "should have been sent again" in t.lost[0]
+    # The half-written line, once finished, is read.
+    log = tmp_path / "run001.log"
+    log.write_text(log.read_text() + "being sent when it was cut off; it is taken as sent "
+                   "and not repeated\n")
+    assert taken() == {"c1.k1@steward.test", "c9.k9@steward.test"}
