@@ -20,6 +20,8 @@ Asking, in the agent's terms:
     quarantine  an input that cannot be taken in, with the reason (`steward quarantine`)
     advance   the position alone (a message that vanished, or was taken before)
 
+with several workers on one PostgreSQL store, `journal_put`/`journal_done`/`journal_stale`
+(what was acknowledged, where every worker sees it) and `leader` (a loop that runs once),
 and reading what it needs to route: `submission` (was this id taken, and into which turn),
 `conversation`, `answer_pending`, `said` (a message's user entries), `position`, and the
 approvals a click or a reply answers. Each `submit`/`refuse`/`withdraw` that adds work
@@ -235,6 +237,30 @@ class AgentPort:
         except NotFound:
             return None
         return doc.value or None
+
+    # -- several workers on one store ---------------------------------------------------
+
+    @property
+    def shared(self) -> bool:
+        """Whether other workers may share this store (PostgreSQL): then what a channel
+        acknowledges must be in the store (`journal_put`) before the acknowledgement, and
+        a loop that must run once waits to be `leader`."""
+        return not self._store.single_node
+
+    async def journal_put(self, channel: str, event_id: str, body: dict,
+                          lease: float) -> None:
+        await self._store.journal_put(channel, event_id, body, lease)
+
+    async def journal_done(self, channel: str, event_ids: list[str]) -> None:
+        await self._store.journal_done(channel, event_ids)
+
+    async def journal_stale(self, channel: str, *, lease: float) -> list[dict]:
+        """Acknowledged events no live worker is taking in (their taker died)."""
+        return await self._store.journal_stale(channel, lease=lease)
+
+    def leader(self, name: str, *, poll_seconds: float = 2.0):
+        """Leadership of a job among the workers (see store/leader.py)."""
+        return self._store.leader(name, poll_seconds=poll_seconds)
 
     # -- approvals answered on the channel (a button) ------------------------------------
 

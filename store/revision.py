@@ -9,7 +9,7 @@ of `store/migrations/versions/`: a new migration fails that test until `HEAD` na
 
 from sqlalchemy import text
 
-HEAD = "0011"
+HEAD = "0012"
 
 
 async def current(engines) -> str | None:

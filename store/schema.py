@@ -168,6 +168,19 @@ submissions = Table(
     UniqueConstraint("channel", "external_id", name="uq_submissions_channel_external"),
 )
 
+# Events a channel acknowledged and has not finished taking in, where every worker sees
+# them (several workers on one PostgreSQL; store/inbound.py). One row per event.
+inbound = Table(
+    "inbound",
+    metadata,
+    Column("channel", SafeString(64), primary_key=True),
+    Column("event_id", SafeString(512), primary_key=True),
+    Column("body", SafeText, nullable=False),
+    Column("taken_until", Float, nullable=False),  # a worker is on it until then
+    Column("created_at", Float, nullable=False),
+    Index("ix_inbound_taken", "channel", "taken_until"),
+)
+
 documents = Table(
     "documents",
     metadata,

@@ -7,6 +7,8 @@ from sqlalchemy import Integer, and_, cast, func, insert, or_, select, text
 
 from store import commit as _commit
 from store import hotpath as _hot
+from store import inbound as _inbound
+from store import leader as _leader
 from store import liveness as _liveness
 from store import schedules as _schedules
 from store import tasks as _tasks
@@ -317,6 +319,41 @@ class Store:
     async def renew_leases(self, owner: str, task_ids: list[str], lease_seconds: float) -> int:
         return await self._write(lambda conn: _tasks.renew(conn, owner, task_ids,
                                                             lease_seconds))
+
+    # -- the shared inbound journal and leaders (several workers; store/inbound.py) -----
+
+    async def journal_put(self, channel: str, event_id: str, body: dict,
+                          lease: float) -> None:
+        await self._write(lambda conn: _inbound.put(conn, self.dialect, channel, event_id,
+                                                    body, lease))
+
+    async def journal_done(self, channel: str, event_ids: list[str]) -> None:
+        await self._write(lambda conn: _inbound.done(conn, channel, event_ids))
+
+    async def journal_stale(self, channel: str, *, lease: float,
+                            limit: int = 100) -> list[dict]:
+        return await self._write(lambda conn: _inbound.stale(conn, self.dialect, channel,
+                                                             lease, limit))
+
+    def leader(self, name: str, *, poll_seconds: float = 2.0) -> _leader.Leader:
+        """Leadership of `name` among the workers on this store (store/leader.py)."""
+        # Advisory locks are per database, stores per schema: the schema is in the name.
+        where = self._engines.pg_settings.get("search_path", "public")
+        return _leader.Leader(self._engines.write if self.dialect == "postgresql" else None,
+                              f"{where}/{name}", poll_seconds=poll_seconds)
+
+    async def take_over_dead(self) -> int:
+        """Running tasks of workers that died (their liveness lock is free) go back to
+        pending at once, a death counted for each (PostgreSQL; 0 on SQLite)."""
+        if self.dialect != "postgresql":
+            return 0
+        async with self._engines.write.connect() as conn:
+            dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
+            await conn.commit()
+        if not dead:
+            return 0
+        return (await self._write(lambda conn: _tasks.recover(
+            conn, steal_all=False, dead_owners=dead, registered_kinds=[])))["resumed"]
 
     async def announce_worker(self, owner: str) -> None:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`."""

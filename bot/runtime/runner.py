@@ -204,12 +204,17 @@ class Runner:
             await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _renew_leases(self) -> None:
+        """Keep this worker's leases; with other workers on the store, take the running
+        tasks of any that died at once (its liveness lock is free), not when their
+        leases run out."""
         interval = self.options.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.store.renew_leases(self.owner, list(self._inflight),
                                               self.options.lease_seconds)
+                if not self.store.single_node and await self.store.take_over_dead():
+                    self.wake()
             except Exception:  # a transient database error must not stop renewals
                 log.exception("lease renewal failed")
 

@@ -44,7 +44,19 @@ class Scheduler:
         self._stop.set()
 
     async def run(self) -> None:
-        while not self._stop.is_set():
+        """Fire schedules until `stop()`. With several workers on one store only the one
+        that leads the job fires them (store/leader.py); the others stand by and take over
+        when it dies. Firing twice could not start an occurrence twice (its turn is keyed),
+        but one loop is the cheaper and the clearer."""
+        store = self.deps.store
+        if store.single_node:
+            return await self._fire_until_stopped()
+        async with store.leader("scheduler") as leader:
+            while await leader.acquire(self._stop):
+                await self._fire_until_stopped(leader.lost)
+
+    async def _fire_until_stopped(self, lost: asyncio.Event | None = None) -> None:
+        while not self._stop.is_set() and not (lost is not None and lost.is_set()):
             await self.fire_due()
             nxt = await self.deps.store.next_schedule_time()
             delay = MAX_SLEEP if nxt is None else min(MAX_SLEEP, max(0.0, nxt - self.clock()))

@@ -51,6 +51,9 @@ class EmailConnector:
             max_message_bytes=max_message_bytes or message_limit(email.max_attachment_bytes))
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # Several workers on one store: one watches the mailbox; another takes over when it
+        # dies (store/leader.py). Sending answers works on every worker.
+        self.leader = port.leader(f"email:{email.address}") if port.shared else None
 
     @property
     def up(self) -> bool:
@@ -61,12 +64,34 @@ class EmailConnector:
         """Begin watching the mailbox; a server that cannot be reached is asked again with
         backoff, for ever (a home server may boot before its network)."""
         self._stop.clear()
-        self._task = asyncio.create_task(self.watcher.run(self._stop), name="email-watcher")
+        watching = self.watcher.run(self._stop) if self.leader is None else self._lead()
+        self._task = asyncio.create_task(watching, name="email-watcher")
         try:
             await asyncio.wait_for(self.watcher.connected.wait(), FIRST_CONNECT_SECONDS)
         except TimeoutError:
             pass
         log.info("email: connector started for %s", self.config.address)
+
+    async def _lead(self) -> None:
+        """Watch while this worker leads; when the lead is lost, stop and wait for it."""
+        assert self.leader is not None
+        try:
+            while await self.leader.acquire(self._stop):
+                stop = asyncio.Event()
+                ended = asyncio.ensure_future(asyncio.wait(
+                    [asyncio.ensure_future(self._stop.wait()),
+                     asyncio.ensure_future(self.leader.lost.wait())],
+                    return_when=asyncio.FIRST_COMPLETED))
+                ended.add_done_callback(lambda _, stop=stop: stop.set())
+                try:
+                    await self.watcher.run(stop)
+                finally:
+                    ended.cancel()
+                if self._stop.is_set():
+                    return
+                log.warning("email: no longer the worker watching %s", self.config.address)
+        finally:
+            await self.leader.release()
 
     async def stop(self) -> None:
         """Stop taking mail; a message being committed finishes first."""

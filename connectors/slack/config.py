@@ -27,6 +27,9 @@ class SlackConfig(Section):
     # what Steward posts are shown as plain words (the model's text is data, not authority
     # to notify a whole channel).
     allow_broadcast_mentions: bool = False
+    # Several workers on one PostgreSQL: an acknowledged event that its worker has not taken
+    # in after this many seconds (it died) is taken in by another.
+    takeover_seconds: float = Field(20.0, gt=0)
 
     def secrets(self) -> list[str]:
         if not self.enabled:

@@ -36,6 +36,7 @@ from .journal import Journal
 from .messages import Messages
 from .outbound import SlackChannel
 from .routing import CHANNEL
+from .shared_journal import SharedJournal
 from .streaming import Streams
 from .transport import HttpTransport, SocketTransport, build_app
 from .web import SlackWeb
@@ -64,7 +65,12 @@ class SlackConnector:
                                allow_broadcast=s.allow_broadcast_mentions)
         self.channel = SlackChannel(self.messages, self.streams, self.working,
                                     allow_broadcast=s.allow_broadcast_mentions)
-        self.journal = Journal(config.home / JOURNAL_FILE)  # used on the ack loop only
+        # Used on the ack loop only. Several workers on one store: in the store, where
+        # any of them takes over what one acked and did not finish (shared_journal.py).
+        self.journal: Journal | SharedJournal = Journal(config.home / JOURNAL_FILE)
+        if port.shared:
+            self.journal = SharedJournal(port, s.takeover_seconds, lambda: self._agent_loop)
+        self._sweeping: asyncio.Task | None = None
         self.ack = AckLoop()
         self.inbox = Inbox(port, s, web=self.web, done=self._done,
                            files=Files(port.http, self.web.token, s.api_base_url,
@@ -111,6 +117,10 @@ class SlackConnector:
         if ev is None:
             return
         assert self._agent_loop is not None
+        if isinstance(self.journal, SharedJournal):  # in the store before its `done` can be
+            await self.journal.append(body)
+            self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
+            return
         self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
         await self.journal.append(body)  # its line is queued before any `done` can be
 
@@ -196,9 +206,41 @@ class SlackConnector:
                                            bot_id=info.get("bot_id") or "")
         await asyncio.to_thread(make_private, self.config.home)  # the journal lives there
         self.ack.start()
+        bodies = await self.ack.call(self.journal.open())
+        if isinstance(self.journal, SharedJournal):
+            bodies += await self._carry_over(self.journal)
+        count = await self._replay(bodies)
+        if count:
+            log.info("slack: %d events from before the restart are processed again", count)
+        if isinstance(self.journal, SharedJournal):
+            self._sweeping = asyncio.create_task(self._sweep(self.journal))
+        self.streams.start()
+        await self.ack.call(self.transport.start())
+
+    async def _carry_over(self, journal: SharedJournal) -> list[dict]:
+        """What this home's own file journal still holds (written before the store was
+        shared, or by an older version): moved into the store, then out of the file."""
+        if not (self.config.home / JOURNAL_FILE).exists():
+            return []
+        local = Journal(self.config.home / JOURNAL_FILE)
+        bodies = await self.ack.call(local.open())
+        for body in bodies:
+            await self.port.journal_put(CHANNEL, body.get("event_id") or "", body,
+                                        journal.lease)
+
+        async def emptied() -> None:  # on the ack loop, where the file journal lives
+            for body in bodies:
+                local.done(body.get("event_id") or "")
+            await local.close()
+        await self.ack.call(emptied())
+        return bodies
+
+    async def _replay(self, bodies: list[dict]) -> int:
+        """Take journaled events in again (after a restart, or a dead worker's); one that
+        cannot be read is quarantined and leaves the journal. How many were queued."""
         replayed: list[Inbound] = []
         refused: list[tuple[dict, str]] = []
-        for body in await self.ack.call(self.journal.open()):
+        for body in bodies:
             try:
                 ev = self.inbox.admit(body)
             except Exception as exc:  # never in the way of start-up or the events after it
@@ -208,13 +250,21 @@ class SlackConnector:
                 replayed.append(dataclasses.replace(ev, replayed=True))
         for ev in replayed:
             self.inbox.enqueue(ev)
-        if replayed:
-            log.info("slack: %d events from before the restart are processed again",
-                     len(replayed))
         for body, reason in refused:  # the journal's key for it, whatever it is
             await self._quarantine(body, reason, body.get("event_id") or "")
-        self.streams.start()
-        await self.ack.call(self.transport.start())
+        return len(replayed)
+
+    async def _sweep(self, journal: SharedJournal) -> None:
+        """Several workers: now and then take in what a worker acked and did not finish."""
+        while True:
+            try:
+                count = await self._replay(await journal.stale())
+                if count:
+                    log.warning("slack: %d acknowledged events another worker did not finish "
+                                "are taken in here", count)
+            except Exception as exc:  # the store is away: the next sweep tries again
+                log.warning("slack: sweeping the shared journal failed: %s", exc)
+            await asyncio.sleep(journal.lease / 4)
 
     async def stop(self) -> None:
         if self._connecting is not None and not self._connecting.done():
@@ -225,6 +275,9 @@ class SlackConnector:
             await self.web.close()
             return
         await self.ack.call(self.transport.stop())
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
         if not await self.inbox.lanes.join(STOP_GRACE):
             log.warning("slack: unfinished events stay journaled for the next start")
         if self._quarantining:  # what is not stored by then is quarantined at the next start
