@@ -247,16 +247,18 @@ class AgentPort:
         a loop that must run once waits to be `leader`."""
         return not self._store.single_node
 
-    async def journal_put(self, channel: str, event_id: str, body: dict,
-                          lease: float) -> None:
-        await self._store.journal_put(channel, event_id, body, lease)
+    async def journal_put(self, channel: str, event_id: str, body: dict, lease: float,
+                          taker: str | None = None) -> None:
+        await self._store.journal_put(channel, event_id, body, lease, taker)
 
     async def journal_done(self, channel: str, event_ids: list[str]) -> None:
         await self._store.journal_done(channel, event_ids)
 
-    async def journal_stale(self, channel: str, *, lease: float) -> list[dict]:
-        """Acknowledged events no live worker is taking in (their taker died)."""
-        return await self._store.journal_stale(channel, lease=lease)
+    async def journal_stale(self, channel: str, *, lease: float, taker: str | None = None,
+                            mine: bool = False) -> list[dict]:
+        """Acknowledged events no live worker is taking in (their taker died); with
+        `mine`, also those `taker` held in its previous life (at its start)."""
+        return await self._store.journal_stale(channel, lease=lease, taker=taker, mine=mine)
 
     def leader(self, name: str, *, poll_seconds: float = 2.0):
         """Leadership of a job among the workers (see store/leader.py)."""

@@ -177,6 +177,7 @@ inbound = Table(
     Column("event_id", SafeString(512), primary_key=True),
     Column("body", SafeText, nullable=False),
     Column("taken_until", Float, nullable=False),  # a worker is on it until then
+    Column("taker", SafeString(512)),  # which worker (its home): its next start takes it back
     Column("created_at", Float, nullable=False),
     Index("ix_inbound_taken", "channel", "taken_until"),
 )

@@ -67,7 +67,7 @@ class Store:
     def __init__(self, engines: Engines):
         self._engines = engines
         self.dialect = engines.dialect
-        self._liveness = None  # the connection holding this worker's liveness lock
+        self._liveness: dict = {}  # runner owner -> the connection holding its liveness lock
         self._writer = engines.writer  # SQLite: every write transaction of the store
         # PostgreSQL: the parent of each task this store claimed (None: it has none), so a
         # result that wakes no parent can be one statement. Parents never change.
@@ -80,9 +80,9 @@ class Store:
         return self.dialect == "sqlite"
 
     async def close(self) -> None:
-        if self._liveness is not None:
-            await self._liveness.close()
-            self._liveness = None
+        for conn in self._liveness.values():
+            await conn.close()
+        self._liveness.clear()
         await self._engines.dispose()
 
     # -- the one commit ----------------------------------------------------------------
@@ -322,18 +322,18 @@ class Store:
 
     # -- the shared inbound journal and leaders (several workers; store/inbound.py) -----
 
-    async def journal_put(self, channel: str, event_id: str, body: dict,
-                          lease: float) -> None:
+    async def journal_put(self, channel: str, event_id: str, body: dict, lease: float,
+                          taker: str | None = None) -> None:
         await self._write(lambda conn: _inbound.put(conn, self.dialect, channel, event_id,
-                                                    body, lease))
+                                                    body, lease, taker))
 
     async def journal_done(self, channel: str, event_ids: list[str]) -> None:
         await self._write(lambda conn: _inbound.done(conn, channel, event_ids))
 
-    async def journal_stale(self, channel: str, *, lease: float,
-                            limit: int = 100) -> list[dict]:
+    async def journal_stale(self, channel: str, *, lease: float, limit: int = 100,
+                            taker: str | None = None, mine: bool = False) -> list[dict]:
         return await self._write(lambda conn: _inbound.stale(conn, self.dialect, channel,
-                                                             lease, limit))
+                                                             lease, limit, taker, mine))
 
     def leader(self, name: str, *, poll_seconds: float = 2.0) -> _leader.Leader:
         """Leadership of `name` among the workers on this store (store/leader.py)."""
@@ -357,8 +357,8 @@ class Store:
 
     async def announce_worker(self, owner: str) -> None:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`."""
-        if self.dialect == "postgresql" and self._liveness is None:
-            self._liveness = await _liveness.hold(self._engines.write, owner)
+        if self.dialect == "postgresql" and owner not in self._liveness:
+            self._liveness[owner] = await _liveness.hold(self._engines.write, owner)
 
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
         dead: list[str] = []

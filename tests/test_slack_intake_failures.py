@@ -16,7 +16,7 @@ from connectors.slack.events import Identity, Malformed, parse
 from tests.fakes.slack_events import body_of, edited, mention_of, mentions, says
 from tests.fakes.slack_rig import SlackRig
 from tests.fakes.slack_server import BOT_ID, BOT_USER, TEAM
-from tests.test_slack_quarantine import pending_in_journal
+from tests.test_slack_quarantine import pending_events
 
 DM = "D0ALICE"
 CHAN = "C0GENERAL"
@@ -132,7 +132,7 @@ async def test_a_malformed_event_over_http_is_acked_quarantined_and_passed(store
     assert "ts" in found[bad["event_id"]]["reason"]
     assert json.loads(found[bad["event_id"]]["payload"])["event"]["ts"] == "notats"
     assert len(await quarantined(store)) == 1
-    assert bad["event_id"] not in pending_in_journal(tmp_path)
+    assert bad["event_id"] not in await pending_events(store, tmp_path)
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -165,7 +165,7 @@ async def test_a_journal_line_that_cannot_be_taken_in_is_quarantined_at_start(st
         found = await until(lambda: quarantined(store), what="the quarantine")
     assert [m["text"] for m in slack.bot_messages(DM)] == ["echo: fine"]
     assert set(found) == {bad["event_id"], "Ev0WEIRD"}
-    assert pending_in_journal(tmp_path) == set()
+    assert await pending_events(store, tmp_path) == set()
 
 
 class BrokenFiles:
@@ -191,7 +191,7 @@ async def test_an_event_whose_processing_keeps_failing_is_quarantined(store, tmp
     assert [m["text"] for m in slack.bot_messages(DM)] == ["echo: and this"]
     reason = found[failing["event_id"]]["reason"]
     assert "3 attempts" in reason and "this file cannot be read" in reason, reason
-    assert pending_in_journal(tmp_path) == set()
+    assert await pending_events(store, tmp_path) == set()
 
 
 async def test_a_slack_outage_while_processing_is_not_the_events_fault(store, tmp_path, slack,
@@ -208,11 +208,11 @@ async def test_a_slack_outage_while_processing_is_not_the_events_fault(store, tm
         assert (await rig.send(body))[0] == 200
         await rig.settle()
     assert await quarantined(store) == {}
-    assert pending_in_journal(tmp_path) == {body["event_id"]}
+    assert await pending_events(store, tmp_path) == {body["event_id"]}
     assert slack.bot_messages(CHAN) == []
 
     slack.heal()
     async with SlackRig(store, tmp_path, slack) as rig:
         await rig.settle()
     assert [m["text"] for m in slack.bot_messages(CHAN)] == ["echo: what now?"]
-    assert pending_in_journal(tmp_path) == set()
+    assert await pending_events(store, tmp_path) == set()

@@ -26,7 +26,8 @@ def fast_model() -> ScriptedModel:
 
 
 @pytest.mark.load
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+# On PostgreSQL each ack waits for the event to be committed to the shared journal.
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 async def test_a_burst_of_200_events_is_acked_fast_and_answered_once_in_order(
         store, tmp_path, capsys):
     with FakeSlack() as slack:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from store import open_store
 from tests.fakes.llm_server import FakeLLMServer, Reply
 from tests.fakes.slack_events import body_of, deliver, event_id, says
 from tests.fakes.slack_rig import free_port
@@ -38,8 +39,20 @@ def not_a_ts_event(slack: FakeSlack, text: str) -> dict:
     return body_of(event, eid=event_id())
 
 
+async def pending_events(store, home: Path) -> set[str]:
+    """The event ids Steward would take in again: its file journal's on SQLite, the shared
+    journal's (the store's `inbound` table) on PostgreSQL."""
+    if store.single_node:
+        return pending_in_journal(home)
+    from sqlalchemy import select
+
+    from store.schema import inbound
+    async with store._engines.read.connect() as conn:
+        return set((await conn.execute(select(inbound.c.event_id))).scalars())
+
+
 def pending_in_journal(home: Path) -> set[str]:
-    """The event ids the journal would replay on the next start."""
+    """The event ids the file journal would replay on the next start."""
     pending: set[str] = set()
     path = home / "slack-inbox.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -90,6 +103,11 @@ async def test_a_malformed_event_is_quarantined_and_never_stops_steward(store_ur
         log = await stop(first)
     assert "Traceback" not in log, log[-3000:]
     assert not pending_in_journal(home) & {left_over["event_id"], bad["event_id"]}
+    kept = await open_store(store_url)
+    try:
+        assert not await pending_events(kept, home) & {left_over["event_id"], bad["event_id"]}
+    finally:
+        await kept.close()
 
     second = await start(home, port)  # starts: nothing is replayed that can stop it
     try:

@@ -110,6 +110,9 @@ class Runner:
     async def run(self, *, until_idle: bool = False, horizon: float | None = None) -> None:
         """Run until `stop()` (or, with `until_idle`, until no task is ready or running and
         none is due within `horizon` seconds: a few polls unless given)."""
+        # Alive for the other workers before anything is claimed (recover() did it if it
+        # ran): a runner without its liveness lock would look dead to them.
+        await self.store.announce_worker(self.owner)
         renewer = asyncio.create_task(self._renew_leases())
         try:
             while not self._stopping:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import socket
 from typing import Any
 
 from bot.port import AgentPort, kill_point, make_private
@@ -69,7 +70,9 @@ class SlackConnector:
         # any of them takes over what one acked and did not finish (shared_journal.py).
         self.journal: Journal | SharedJournal = Journal(config.home / JOURNAL_FILE)
         if port.shared:
-            self.journal = SharedJournal(port, s.takeover_seconds, lambda: self._agent_loop)
+            self.journal = SharedJournal(port, s.takeover_seconds,
+                                         f"{socket.gethostname()}:{config.home}",
+                                         lambda: self._agent_loop)
         self._sweeping: asyncio.Task | None = None
         self.ack = AckLoop()
         self.inbox = Inbox(port, s, web=self.web, done=self._done,
@@ -226,7 +229,7 @@ class SlackConnector:
         bodies = await self.ack.call(local.open())
         for body in bodies:
             await self.port.journal_put(CHANNEL, body.get("event_id") or "", body,
-                                        journal.lease)
+                                        journal.lease, journal.taker)
 
         async def emptied() -> None:  # on the ack loop, where the file journal lives
             for body in bodies:

@@ -23,12 +23,17 @@ log = logging.getLogger(__name__)
 
 
 class SharedJournal:
-    def __init__(self, port: AgentPort, lease: float,
+    def __init__(self, port: AgentPort, lease: float, taker: str,
                  agent_loop: Callable[[], asyncio.AbstractEventLoop]):
-        self.port, self.lease, self._agent_loop = port, lease, agent_loop
+        self.port, self.lease, self.taker = port, lease, taker
+        self._agent_loop = agent_loop
 
     async def open(self) -> list[dict]:
-        return []  # what the last life left is swept like any other worker's (`stale`)
+        """What this worker's last life acked and did not finish (the rest of what dead
+        workers left comes with the sweeps, `stale`)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            self.port.journal_stale(CHANNEL, lease=self.lease, taker=self.taker, mine=True),
+            self._agent_loop()))
 
     async def append(self, body: dict) -> None:
         """Committed to the store before this returns (and so before the ack)."""
@@ -36,7 +41,8 @@ class SharedJournal:
         if not event_id:
             return
         done = asyncio.run_coroutine_threadsafe(
-            self.port.journal_put(CHANNEL, event_id, body, self.lease), self._agent_loop())
+            self.port.journal_put(CHANNEL, event_id, body, self.lease, self.taker),
+            self._agent_loop())
         await asyncio.wrap_future(done)
 
     def done(self, event_id: str) -> None:
@@ -50,7 +56,7 @@ class SharedJournal:
 
     async def stale(self) -> list[dict]:
         """On the agent's loop: events whose taker ran out of time, now this worker's."""
-        return await self.port.journal_stale(CHANNEL, lease=self.lease)
+        return await self.port.journal_stale(CHANNEL, lease=self.lease, taker=self.taker)
 
     async def close(self) -> None:
         pass

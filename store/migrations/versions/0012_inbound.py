@@ -22,6 +22,7 @@ def upgrade() -> None:
         sa.Column("event_id", sa.String(512), primary_key=True),
         sa.Column("body", sa.Text, nullable=False),
         sa.Column("taken_until", sa.Float, nullable=False),
+        sa.Column("taker", sa.String(512)),
         sa.Column("created_at", sa.Float, nullable=False),
     )
     op.create_index("ix_inbound_taken", "inbound", ["channel", "taken_until"])
