@@ -89,7 +89,8 @@ class Leader:
             self._watch = None
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):
-                # Closed for real, not back to the pool: the lock goes with the session.
-                await conn.invalidate()
-                await conn.close()
+            # Closed for real, not back to the pool: the lock goes with the session. A
+            # connection that broke has a transaction to roll back first.
+            for step in (conn.rollback, conn.invalidate, conn.close):
+                with contextlib.suppress(Exception):
+                    await step()

@@ -235,3 +235,36 @@ async def test_an_event_acked_by_a_worker_that_died_is_answered_by_another(
         await first.kill()
         code = await second.stop()
     assert code == 0, second.tail()
+
+
+async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
+    from sqlalchemy import text
+
+    from store import open_store
+
+    a, b = await open_store(store_url), await open_store(store_url)
+    stop = asyncio.Event()
+    first, second = a.leader("job", poll_seconds=0.1), b.leader("job", poll_seconds=0.1)
+    other = b.leader("another job")
+    try:
+        assert await first.acquire(stop) and first.leading
+        waiting = asyncio.create_task(second.acquire(stop))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # one at a time
+        assert await other.acquire(stop)  # each job its own lead
+        # The leader's connection dies (the server restarted, the network broke): it
+        # learns it has lost the lead, and the other takes over.
+        pid = (await first._conn.execute(text("SELECT pg_backend_pid()"))).scalar()
+        await first._conn.commit()
+        async with b._engines.write.connect() as conn:
+            assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    ).scalar()
+        await asyncio.wait_for(first.lost.wait(), 5)
+        assert not first.leading
+        assert await asyncio.wait_for(waiting, 5) and second.leading
+    finally:
+        stop.set()
+        for leader in (first, second, other):
+            await leader.release()
+        await a.close()
+        await b.close()

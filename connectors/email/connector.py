@@ -77,16 +77,15 @@ class EmailConnector:
         assert self.leader is not None
         try:
             while await self.leader.acquire(self._stop):
-                stop = asyncio.Event()
-                ended = asyncio.ensure_future(asyncio.wait(
-                    [asyncio.ensure_future(self._stop.wait()),
-                     asyncio.ensure_future(self.leader.lost.wait())],
-                    return_when=asyncio.FIRST_COMPLETED))
-                ended.add_done_callback(lambda _, stop=stop: stop.set())
+                stop = asyncio.Event()  # set by whichever comes first
+                waits = [asyncio.ensure_future(e.wait()) for e in (self._stop, self.leader.lost)]
+                for wait in waits:
+                    wait.add_done_callback(lambda _, stop=stop: stop.set())
                 try:
                     await self.watcher.run(stop)
                 finally:
-                    ended.cancel()
+                    for wait in waits:
+                        wait.cancel()
                 if self._stop.is_set():
                     return
                 log.warning("email: no longer the worker watching %s", self.config.address)
