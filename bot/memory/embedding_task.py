@@ -17,6 +17,7 @@ import logging
 
 from bot.memory.embeddings import Embedder, EmbeddingRejected, EmbeddingUnavailable
 from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef
+from bot.runtime.killpoints import kill_point
 from store import TERMINAL, Store, Writes
 from store import vectors as _vectors
 
@@ -75,6 +76,7 @@ class EmbedEntries(TaskDef):
             return Sleep(delay, "sweep", {"after": after, "failures": failures + 1})
         async with self.store._engines.write.begin() as conn:
             await _vectors.put(conn, self.store.dialect, model, found)
+        kill_point("embed-stored", EMBED)  # the vectors are committed, the cursor is not
         return Continue("sweep", {"after": rows[-1][0]})
 
 
