@@ -59,7 +59,7 @@ from tests.fakes.chaos_sender import SlackSender
 from tests.fakes.chaos_servers import ChaosSink, ChaosSlack
 from tests.fakes.chaos_steward import Killer, Steward
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.mail_rig import ADDRESS, ALLOWED, mail
+from tests.fakes.mail_rig import ALLOWED, email_toml, mail
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -528,19 +528,7 @@ http_port = {port}
 api_base_url = "{slack.url}"
 allowed_users = [{users}]
 stream_update_seconds = 0.15
-[email]
-enabled = true
-address = "{ADDRESS}"
-imap_host = "127.0.0.1"
-imap_port = {account.port}
-imap_security = "none"
-imap_user = "{account.user}"
-smtp_host = "127.0.0.1"
-smtp_port = {sink.port}
-smtp_security = "none"
-allowed_senders = ["{ALLOWED}"]
-idle_seconds = 60.0
-[runtime]
+{email_toml(account, sink)}[runtime]
 lease_seconds = 2.0
 retry_base_seconds = 0.05
 retry_max_seconds = 0.1

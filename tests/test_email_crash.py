@@ -13,7 +13,7 @@ import pytest
 
 from connectors.email.channel import QUEUED, SENDING
 from tests.fakes.llm_server import FakeLLMServer, Reply, replies
-from tests.fakes.mail_rig import ADDRESS, ALLOWED, mail
+from tests.fakes.mail_rig import ADDRESS, ALLOWED, email_toml, mail
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -54,19 +54,7 @@ url = "{store_url}"
 provider = "openai"
 base_url = "{llm_url}/v1"
 model = "fake-model"
-[email]
-enabled = true
-address = "{ADDRESS}"
-imap_host = "127.0.0.1"
-imap_port = {account.port}
-imap_security = "none"
-imap_user = "{account.user}"
-smtp_host = "127.0.0.1"
-smtp_port = {sink.port}
-smtp_security = "none"
-allowed_senders = ["{ALLOWED}"]
-idle_seconds = 60.0
-[runtime]
+{email_toml(account, sink)}[runtime]
 concurrency = 2
 lease_seconds = 2.0
 retry_base_seconds = 0.05

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.fakes.mail_rig import ADDRESS, ALLOWED, mail
+from tests.fakes.mail_rig import email_toml, mail
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
@@ -53,23 +53,7 @@ class Worker:
         self.port = free_port()
         self.log = self.home / "run.log"
         self.proc: asyncio.subprocess.Process | None = None
-        email_section = ""
-        if email is not None:
-            account, sink = email
-            email_section = f"""
-[email]
-enabled = true
-address = "{ADDRESS}"
-imap_host = "127.0.0.1"
-imap_port = {account.port}
-imap_security = "none"
-imap_user = "{account.user}"
-smtp_host = "127.0.0.1"
-smtp_port = {sink.port}
-smtp_security = "none"
-allowed_senders = ["{ALLOWED}"]
-idle_seconds = 60.0
-"""
+        email_section = "" if email is None else email_toml(*email)
         (self.home / "config.toml").write_text(f"""
 [store]
 url = "{store_url}"

@@ -29,6 +29,24 @@ OPTIONS = RunnerOptions(concurrency=4, lease_seconds=5, retry_base_seconds=0.01,
                         retry_max_seconds=0.05, poll_seconds=0.05)
 
 
+def email_toml(account: Account, sink: SmtpSink) -> str:
+    """The `[email]` section of a `steward` subprocess's config.toml for Dovecot's `account`
+    and the SMTP `sink`, with ALLOWED as the one allowed sender."""
+    return f"""[email]
+enabled = true
+address = "{ADDRESS}"
+imap_host = "127.0.0.1"
+imap_port = {account.port}
+imap_security = "none"
+imap_user = "{account.user}"
+smtp_host = "127.0.0.1"
+smtp_port = {sink.port}
+smtp_security = "none"
+allowed_senders = ["{ALLOWED}"]
+idle_seconds = 60.0
+"""
+
+
 def mail(*, sender: str = ALLOWED, subject: str = "A task", body: str = "Please do it.",
          message_id: str | None = None, in_reply_to: str | None = None,
          references: list[str] | None = None, to: str = ADDRESS,
