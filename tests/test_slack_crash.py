@@ -174,13 +174,21 @@ async def test_a_reply_delivered_before_its_mention_is_answered_across_a_kill(
 
     second = await start(home, port)
     try:
-        await until(lambda: len(slack.bot_messages(chan)) == 2
-                    and all(m["text"] == ANSWER for m in slack.bot_messages(chan)), 60,
-                    f"two answers; the channel shows {slack.bot_messages(chan)}")
+        try:
+            await until(lambda: len(slack.bot_messages(chan)) == 2
+                        and all(m["text"] == ANSWER for m in slack.bot_messages(chan)), 60,
+                        f"two answers; the channel shows {slack.bot_messages(chan)}")
+        except AssertionError as exc:  # what the second life said, and where it waits
+            second.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(1.0)
+            second.kill()
+            said = (await second.stderr.read()).decode(errors="replace")[-12000:]
+            raise AssertionError(f"{exc}\n{said}") from None
         await asyncio.sleep(0.5)
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(second.wait(), 30) == 0
+        if second.returncode is None:
+            second.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(second.wait(), 30) == 0
     answers = slack.bot_messages(chan)
     assert [m.get("thread_ts") for m in answers] == [top["ts"], top["ts"]]
     store = await open_store(store_url)
