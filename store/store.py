@@ -347,13 +347,17 @@ class Store:
         pending at once, a death counted for each (PostgreSQL; 0 on SQLite)."""
         if self.dialect != "postgresql":
             return 0
-        async with self._engines.write.connect() as conn:
-            dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
-            await conn.commit()
-        if not dead:
+        if not (dead := await self._dead_owners()):
             return 0
         return (await self._write(lambda conn: _tasks.recover(
             conn, steal_all=False, dead_owners=dead, registered_kinds=[])))["resumed"]
+
+    async def _dead_owners(self) -> list[str]:
+        """PostgreSQL: owners of running tasks whose liveness lock is free."""
+        async with self._engines.write.connect() as conn:
+            dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
+            await conn.commit()
+        return dead
 
     async def announce_worker(self, owner: str) -> None:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`."""
@@ -363,9 +367,7 @@ class Store:
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
         dead: list[str] = []
         if not steal_all and self.dialect == "postgresql":
-            async with self._engines.write.connect() as conn:
-                dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
-                await conn.commit()
+            dead = await self._dead_owners()
         return await self._write(lambda conn: _tasks.recover(
             conn, steal_all=steal_all, dead_owners=dead, registered_kinds=registered_kinds))
 

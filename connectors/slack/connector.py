@@ -111,22 +111,15 @@ class SlackConnector:
         except Exception as exc:
             journaled = is_event_id(body.get("event_id"))
             assert self._agent_loop is not None
-            shared = isinstance(self.journal, SharedJournal)
-            if journaled and shared:  # in the store before its `done` can be
-                await self.journal.append(body)
             self._agent_loop.call_soon_threadsafe(
                 self._quarantine_soon, body, _reason(exc),
                 body["event_id"] if journaled else None)
-            if journaled and not shared:
-                await self.journal.append(body)  # its line is queued before any `done`
+            if journaled:
+                await self.journal.append(body)
             return
         if ev is None:
             return
         assert self._agent_loop is not None
-        if isinstance(self.journal, SharedJournal):  # in the store before its `done` can be
-            await self.journal.append(body)
-            self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
-            return
         self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
         await self.journal.append(body)  # its line is queued before any `done` can be
 

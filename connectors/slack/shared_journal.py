@@ -12,6 +12,7 @@ agent's loop, so each call crosses over to it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Callable
 
@@ -27,6 +28,9 @@ class SharedJournal:
                  agent_loop: Callable[[], asyncio.AbstractEventLoop]):
         self.port, self.lease, self.taker = port, lease, taker
         self._agent_loop = agent_loop
+        # Puts still on their way to the store, by event id (touched on the ack loop only):
+        # a `done` that comes first waits for its put, as a file line is queued before it.
+        self._putting: dict[str, concurrent.futures.Future] = {}
 
     async def open(self) -> list[dict]:
         """What this worker's last life acked and did not finish (the rest of what dead
@@ -40,16 +44,23 @@ class SharedJournal:
         event_id = body.get("event_id")
         if not event_id:
             return
-        done = asyncio.run_coroutine_threadsafe(
+        put = self._putting[event_id] = asyncio.run_coroutine_threadsafe(
             self.port.journal_put(CHANNEL, event_id, body, self.lease, self.taker),
             self._agent_loop())
-        await asyncio.wrap_future(done)
+        try:
+            await asyncio.wrap_future(put)
+        finally:
+            if self._putting.get(event_id) is put:
+                del self._putting[event_id]
 
     def done(self, event_id: str) -> None:
-        asyncio.run_coroutine_threadsafe(self._done(event_id), self._agent_loop())
+        put = self._putting.get(event_id)
+        asyncio.run_coroutine_threadsafe(self._done(event_id, put), self._agent_loop())
 
-    async def _done(self, event_id: str) -> None:
+    async def _done(self, event_id: str, put: concurrent.futures.Future | None) -> None:
         try:
+            if put is not None:  # the row must be there before it can go
+                await asyncio.wrap_future(put)
             await self.port.journal_done(CHANNEL, [event_id])
         except Exception as exc:  # it stays; a sweep takes it in again, harmlessly
             log.warning("slack: could not mark event %s taken in: %s", event_id, exc)
