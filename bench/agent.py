@@ -95,16 +95,18 @@ class CountingStore(Store):
         """Resolves to the perf_counter time the task's terminal commit returned."""
         return self._settled.setdefault(task_id, asyncio.get_running_loop().create_future())
 
-    async def commit(self, writes):
+    async def commit(self, writes, *, then_claim=None):
         self.counts["commits"] += 1
-        result = await super().commit(writes)
+        if then_claim is not None:
+            self.counts["claims riding on a commit"] += 1
+        result = await super().commit(writes, then_claim=then_claim)
         if writes.task_update and writes.task_update.state in TERMINAL:
             self.settled(writes.task_update.task_id).set_result(time.perf_counter())
         return result
 
-    async def claim_tasks(self, owner, limit, lease_seconds):
+    async def claim(self, c):
         self.counts["claims"] += 1
-        return await super().claim_tasks(owner, limit, lease_seconds)
+        return await super().claim(c)
 
     async def next_due(self):
         self.counts["next_due polls"] += 1

@@ -32,11 +32,11 @@ from store.records import (
     new_id,
 )
 from store.store import Store, conversation_namespace, open_store
-from store.writes import ScheduleAdvance, ScheduleWrite, TaskUpdate, Writes
+from store.writes import Claim, ScheduleAdvance, ScheduleWrite, TaskUpdate, Writes
 
 __all__ = [
     "BLOCKED", "DONE", "FAILED", "INTERRUPTED", "PENDING", "RUNNING", "STATES", "TERMINAL",
-    "WAITING", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
+    "WAITING", "Claim", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
     "DocumentError", "DocumentVersion", "Entry", "LeaseLost", "NotFound", "Schedule",
     "ScheduleAdvance", "ScheduleWrite", "Store", "StoreError", "Task", "TaskUpdate",
     "UsageRecord", "Writes", "conversation_namespace",

@@ -7,10 +7,13 @@ keeps it (sqlite3's statement cache, asyncpg's prepared statements). Everything 
 writes still goes through `store/commit.py`.
 
 Claims read only the rows they take (migration 0010): expired leases along
-`ix_tasks_leases`, then due work along `ix_tasks_ready` in (run_after, id) order.
+`ix_tasks_leases`, then due work along `ix_tasks_ready` in (run_after, id) order. A claim
+may carry the intents of the unsafe effects it takes (`writes.Claim`), and on SQLite it may
+share the transaction of the result that frees its slot (`Store.commit(then_claim=)`).
 """
 
 import logging
+import re
 
 from store.errors import CorruptRow, LeaseLost
 from store.records import (
@@ -26,7 +29,7 @@ from store.records import (
     task_from_mapping,
 )
 from store.schema import storable
-from store.writes import TaskUpdate, Writes
+from store.writes import Claim, TaskUpdate, Writes
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,18 @@ _EXPIRED = (f"SELECT id FROM tasks WHERE state = '{RUNNING}' AND lease_expires <
 _DUE = (f"SELECT id FROM tasks WHERE state = '{PENDING}' AND run_after <= ?3 "
         "ORDER BY run_after, id LIMIT ?4")
 
+# ?5 the kinds whose intent rides on the claim, ?6 its checkpoint, ?7 `Claim.ride_below`.
+# Conditions on the row as it was (an UPDATE's SET reads the old values).
+_RIDES = ("phase = '' AND checkpoint IS NULL AND {kinds} "
+          f"AND crashes + CASE WHEN state = '{RUNNING}' THEN 1 ELSE 0 END < ?7")
+_SET_RIDES = """,
+    phase = CASE WHEN {rides} THEN 'effect' ELSE phase END,
+    checkpoint = CASE WHEN {rides} THEN ?6 ELSE checkpoint END"""
+_RIDES_SQLITE = _RIDES.format(kinds="kind IN (SELECT value FROM json_each(?5))")
+_RIDES_PG = _RIDES.format(kinds="kind = ANY(?5::text[])")
+
 CLAIM_SQLITE = f"""
-UPDATE tasks SET {_SET_CLAIMED}
+UPDATE tasks SET {_SET_CLAIMED}{_SET_RIDES.format(rides=_RIDES_SQLITE)}
 WHERE id IN (SELECT id FROM ({_EXPIRED}) UNION ALL SELECT id FROM ({_DUE}) LIMIT ?4)
 RETURNING *"""
 
@@ -52,7 +65,7 @@ RETURNING *"""
 # the ids are handed to the primary key as an array, so no plan can join the whole table.
 CLAIM_PG = f"""
 WITH expired AS ({_EXPIRED} FOR UPDATE SKIP LOCKED), due AS ({_DUE} FOR UPDATE SKIP LOCKED)
-UPDATE tasks SET {_SET_CLAIMED}
+UPDATE tasks SET {_SET_CLAIMED}{_SET_RIDES.format(rides=_RIDES_PG)}
 WHERE id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT ?4))
 RETURNING *"""
 
@@ -71,6 +84,27 @@ UPDATE tasks SET state = ?3, phase = ?4, checkpoint = ?5, result = ?6, error = ?
     inputs = coalesce(?14, inputs), failure = ?15
 WHERE id = ?1 AND lease_owner = ?2 AND state = '{RUNNING}'
 RETURNING parent_id"""
+
+# A lone update and the claim of what takes its slot, as one statement on PostgreSQL: the
+# update's parameters, then the claim's shifted past them (?16 owner ... ?22). Nothing is
+# claimed unless the update landed, and never the task being updated.
+def _after(sql: str, by: int) -> str:
+    return re.sub(r"\?(\d+)", lambda m: f"?{int(m.group(1)) + by}", sql)
+
+
+_NOT_IT = " AND id <> ?1"
+UPDATE_THEN_CLAIM_PG = f"""
+WITH finished AS ({UPDATE_SQL}),
+expired AS ({_after(_EXPIRED, 15).replace(" ORDER BY", _NOT_IT + " ORDER BY")}
+            FOR UPDATE SKIP LOCKED),
+due AS ({_after(_DUE, 15).replace(" ORDER BY", _NOT_IT + " ORDER BY")} FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE tasks SET {_after(_SET_CLAIMED + _SET_RIDES.format(rides=_RIDES_PG), 15)}
+    WHERE id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT ?19))
+      AND EXISTS (SELECT 1 FROM finished)
+    RETURNING tasks.*)
+SELECT (SELECT count(*) FROM finished) AS finished, claimed.*
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true"""
 
 # `commit.wake_if_ready` for SQLite: ?1 the waiting task, ?2 now.
 WAKE_SQLITE = f"""
@@ -128,8 +162,12 @@ def claimed_tasks(rows, block) -> list[Task]:
 # -- SQLite: blocking calls, made on the writer thread inside its transaction -------------
 
 
-def sqlite_claim(raw, owner: str, limit: int, lease_seconds: float, t: float) -> list[Task]:
-    cur = raw.execute(CLAIM_SQLITE, (storable(owner), t + lease_seconds, t, limit))
+def _claim_params(c: Claim, t: float, kinds) -> tuple:
+    return (storable(c.owner), t + c.lease_seconds, t, c.limit, kinds, c.ride, c.ride_below)
+
+
+def sqlite_claim(raw, c: Claim, t: float) -> list[Task]:
+    cur = raw.execute(CLAIM_SQLITE, _claim_params(c, t, dumps(list(c.intent_kinds))))
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     return claimed_tasks(rows, lambda task_id, reason: raw.execute(
@@ -151,6 +189,7 @@ def sqlite_update(raw, u: TaskUpdate, t: float) -> None:
 # -- PostgreSQL: one autocommitted statement, one round trip -----------------------------
 
 CLAIM_ASYNCPG = pg(CLAIM_PG)
+UPDATE_THEN_CLAIM_ASYNCPG = pg(UPDATE_THEN_CLAIM_PG)
 UPDATE_ASYNCPG = pg(UPDATE_SQL)
 BLOCK_ASYNCPG = pg(BLOCK_SQL)
 
@@ -164,9 +203,8 @@ def pg_fits(u: TaskUpdate, parent_known_none: bool) -> bool:
     return u.state not in TERMINAL or parent_known_none
 
 
-async def pg_claim(conn, owner: str, limit: int, lease_seconds: float,
-                   t: float) -> list[Task]:
-    rows = await conn.fetch(CLAIM_ASYNCPG, storable(owner), t + lease_seconds, t, limit)
+async def pg_claim(conn, c: Claim, t: float) -> list[Task]:
+    rows = await conn.fetch(CLAIM_ASYNCPG, *_claim_params(c, t, list(c.intent_kinds)))
     blocked = []
     claimed = claimed_tasks(rows, lambda task_id, reason: blocked.append((task_id, reason)))
     for task_id, reason in blocked:
@@ -179,11 +217,25 @@ async def pg_update(conn, u: TaskUpdate, t: float) -> None:
         raise LeaseLost(u.task_id, u.owner)
 
 
+async def pg_update_then_claim(conn, u: TaskUpdate, c: Claim, t: float) -> list[Task]:
+    rows = await conn.fetch(UPDATE_THEN_CLAIM_ASYNCPG, *update_params(u, t),
+                            *_claim_params(c, t, list(c.intent_kinds)))
+    if not rows[0]["finished"]:
+        raise LeaseLost(u.task_id, u.owner)
+    blocked = []
+    claimed = claimed_tasks([r for r in rows if r["id"] is not None],
+                            lambda task_id, reason: blocked.append((task_id, reason)))
+    for task_id, reason in blocked:
+        await conn.execute(BLOCK_ASYNCPG, task_id, reason, t)
+    return claimed
+
+
 async def explain_claim(engines, limit: int = 8) -> str:
     """The database's plan for a claim (diagnostics, and the test that checks a claim
     reads only the rows it takes)."""
     t = now()
-    args = ("explain", t, t, limit)
+    c = Claim("explain", limit, 0.0)
+    args = _claim_params(c, t, "[]" if engines.dialect == "sqlite" else [])
     if engines.dialect == "sqlite":
         async with engines.read.connect() as conn:
             rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {CLAIM_SQLITE}",

@@ -166,6 +166,7 @@ class CommitResult:
     entry_seqs: list[int] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
     document_versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    claimed: list["Task"] = field(default_factory=list)  # Store.commit(then_claim=)
 
 
 def conversation_from_row(row) -> Conversation:

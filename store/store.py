@@ -37,7 +37,7 @@ from store.revision import at_head
 from store.schema import conversations, entries, storable, submissions, tasks, usage
 from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
-from store.writes import Writes
+from store.writes import Claim, Writes
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +87,23 @@ class Store:
 
     # -- the one commit ----------------------------------------------------------------
 
-    async def commit(self, writes: Writes) -> CommitResult:
-        """Everything in `writes` lands in one transaction, or nothing does."""
+    async def commit(self, writes: Writes, *, then_claim: Claim | None = None) -> CommitResult:
+        """Everything in `writes` lands in one transaction, or nothing does. With
+        `then_claim`, the tasks it leases are in `CommitResult.claimed`: on SQLite taken
+        in the same transaction (one fsync for a result and the next task), elsewhere
+        right after it; a step that is not applied claims nothing."""
+        if self._writer is not None:
+            return await self._sqlite_commit(writes, then_claim)
         update = _hot.lone_update(writes)
         try:
+            if then_claim is not None and update is not None \
+                    and _hot.pg_fits(update, self._parents.get(update.task_id, "?") is None):
+                async with (await self._engines.pool()).acquire() as conn:
+                    claimed = await _hot.pg_update_then_claim(conn, update, then_claim, now())
+                if update.state != RUNNING:
+                    self._parents.pop(update.task_id, None)
+                self._remember_parents(claimed)
+                return CommitResult(claimed=claimed)
             if update is not None and await self._fast_update(update):
                 result = CommitResult()
             else:
@@ -101,14 +114,33 @@ class Store:
             return CommitResult(duplicate=True)
         if writes.task_update is not None and writes.task_update.state != RUNNING:
             self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
+        if then_claim is not None:
+            result.claimed = await self.claim(then_claim)
         return result
 
+    async def _sqlite_commit(self, writes: Writes, then_claim: Claim | None) -> CommitResult:
+        update = _hot.lone_update(writes)
+
+        def job(s):
+            t = now()
+            if update is not None:
+                _hot.sqlite_update(s.raw, update, t)
+                result = CommitResult()
+            else:
+                result = s.inline(lambda conn: _commit.apply(conn, self.dialect, writes))
+            if then_claim is not None:  # its own clock: what the step spawned is due
+                result.claimed = _hot.sqlite_claim(s.raw, then_claim, now())
+            return result
+
+        try:
+            return await self._writer.run(job)
+        except _commit.DuplicateSubmission as dup:
+            log.debug("duplicate submission %s: step not applied", dup)
+            return CommitResult(duplicate=True)
+
     async def _fast_update(self, u) -> bool:
-        """A step that only moves its task on, as the hot path's fixed statements; False
-        when it needs the general commit."""
-        if self._writer is not None:
-            await self._writer.run(lambda s: _hot.sqlite_update(s.raw, u, now()))
-            return True
+        """A step that only moves its task on, as the hot path's fixed statements (one
+        round trip); False when it needs the general commit."""
         parent = self._parents.get(u.task_id, "?")
         if not _hot.pg_fits(u, parent is None):
             return False
@@ -298,23 +330,31 @@ class Store:
         return {state: n for state, n in rows}
 
     async def claim_tasks(self, owner: str, limit: int, lease_seconds: float) -> list[Task]:
+        return await self.claim(Claim(owner, limit, lease_seconds))
+
+    async def claim(self, c: Claim) -> list[Task]:
+        """Lease ready tasks as `c` says (store.writes.Claim)."""
         if self._writer is not None:
-            return await self._writer.run(lambda s: _hot.sqlite_claim(
-                s.raw, owner, limit, lease_seconds, now()))
+            return await self._writer.run(lambda s: _hot.sqlite_claim(s.raw, c, now()))
         async with (await self._engines.pool()).acquire() as conn:
-            claimed = await _hot.pg_claim(conn, owner, limit, lease_seconds, now())
+            claimed = await _hot.pg_claim(conn, c, now())
+        self._remember_parents(claimed)
+        return claimed
+
+    def _remember_parents(self, claimed: list[Task]) -> None:
         if len(self._parents) > _PARENTS_KEPT:  # leases lost long ago: start afresh
             self._parents.clear()
         self._parents.update((t.id, t.parent_id) for t in claimed)
-        return claimed
 
     async def release_tasks(self, owner: str, task_ids: list[str], *,
-                            run_after: float = 0.0) -> int:
+                            run_after: float = 0.0, claim: Claim | None = None) -> int:
         """Hand claimed tasks back untouched (nothing counted against them), due at
-        `run_after`."""
+        `run_after`; an intent that rode on `claim` is taken back with them."""
         for task_id in task_ids:
             self._parents.pop(task_id, None)
-        return await self._write(lambda conn: _tasks.release(conn, owner, task_ids, run_after))
+        ride = claim.ride if claim is not None and claim.intent_kinds else None
+        return await self._write(lambda conn: _tasks.release(conn, owner, task_ids, run_after,
+                                                             ride))
 
     async def renew_leases(self, owner: str, task_ids: list[str], lease_seconds: float) -> int:
         return await self._write(lambda conn: _tasks.renew(conn, owner, task_ids,

@@ -24,13 +24,21 @@ def _died(t: float, where=None) -> dict:
                                   else_=tasks.c.crashed_since)}
 
 
-async def release(conn, owner: str, task_ids: list[str], run_after: float) -> int:
+async def release(conn, owner: str, task_ids: list[str], run_after: float,
+                  ride: str | None = None) -> int:
+    """`ride`: the checkpoint an intent that rode on the claim wrote (store.writes.Claim);
+    such a task goes back to its first phase, as nothing of it has run."""
     if not task_ids:
         return 0
+    values = dict(state=PENDING, lease_owner=None, lease_expires=None, run_after=run_after,
+                  updated_at=now())
+    if ride is not None:
+        rode = tasks.c.checkpoint == ride
+        values.update(phase=case((rode, ""), else_=tasks.c.phase),
+                      checkpoint=case((rode, None), else_=tasks.c.checkpoint))
     res = await conn.execute(update(tasks).where(
         tasks.c.id.in_(task_ids), tasks.c.lease_owner == owner, tasks.c.state == RUNNING)
-        .values(state=PENDING, lease_owner=None, lease_expires=None, run_after=run_after,
-                updated_at=now()))
+        .values(**values))
     return res.rowcount
 
 

@@ -8,7 +8,7 @@ them in one transaction or none. Nothing here touches the database.
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.records import UsageRecord, new_id
+from store.records import UsageRecord, dumps, new_id
 
 HISTORY_POLICIES = ("latest", "rewindable")
 FORK_POLICIES = ("initial", "current", "as_of")
@@ -84,6 +84,30 @@ class TaskUpdate:
     progressed: bool = True
     inputs: Any = None  # None leaves them as they are
     wake_if_settled: list[str] = field(default_factory=list)  # pending: due now if any is
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Lease up to `limit` ready tasks for `owner` (expired leases first, then due work).
+
+    `intent_kinds`: effect kinds whose intent (their first commit: "from here on the
+    effect may have happened") rides on the claim itself, so the unsafe sandwich costs the
+    claim and the result, not three commits. A fresh task of such a kind (phase "", no
+    checkpoint) is claimed straight into phase "effect" with the checkpoint
+    `{"claim": claim_id}`. A suspect of killing the process (`ride_below` deaths or more,
+    this one counted) is claimed as it is: it may be handed back untouched."""
+
+    owner: str
+    limit: int
+    lease_seconds: float
+    claim_id: str = ""
+    intent_kinds: tuple[str, ...] = ()
+    ride_below: int = 0
+
+    @property
+    def ride(self) -> str:
+        """The checkpoint a riding intent writes, as stored."""
+        return dumps({"claim": self.claim_id})
 
 
 @dataclass

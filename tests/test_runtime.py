@@ -110,10 +110,12 @@ async def test_siblings_settling_together_wake_the_parent(store):
 
 
 async def test_fail_fast_wakes_parent_on_first_failure(store):
+    release = asyncio.Event()  # the slow child finishes only once the test has looked
+
     class SlowEcho(Echo):
         async def perform(self, ctx):
             if not ctx.inputs.get("fail"):
-                await asyncio.sleep(0.5)
+                await asyncio.wait_for(release.wait(), 30)
             return await super().perform(ctx)
 
     parent = await spawn(store, "parent", {"mode": "fail_fast",
@@ -122,13 +124,14 @@ async def test_fail_fast_wakes_parent_on_first_failure(store):
                     RunnerOptions(concurrency=4, max_attempts=1, poll_seconds=0.02))
     await runner.recover(steal_all=True)
     job = asyncio.create_task(runner.run(until_idle=True))
-    for _ in range(200):
+    for _ in range(2000):
         if (await store.get_task(parent)).state == FAILED:
             break
         await asyncio.sleep(0.01)
     slow = [c for c in await store.list_tasks(parent_id=parent) if c.inputs.get("slow")][0]
     assert (await store.get_task(parent)).state == FAILED
     assert (await store.get_task(slow.id)).state != DONE  # parent did not wait for it
+    release.set()
     await job
     assert (await store.get_task(slow.id)).state == DONE
 

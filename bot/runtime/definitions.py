@@ -125,3 +125,15 @@ class Registry:
 
     def kinds(self) -> list[str]:
         return sorted(self._defs)
+
+    def intents_at_claim(self, *, reconciling: bool = False) -> tuple[str, ...]:
+        """Effect kinds whose intent can ride on the claim (store.writes.Claim): those that
+        need one whatever the task (an effect choosing its policy per task, as tool calls
+        do, writes its intent itself once it knows); `reconciling`: only those that look
+        before they leap after a crash, so an intent in doubt costs them a look, never a
+        false report that the effect was cut off."""
+        return tuple(sorted(
+            kind for kind, d in self._defs.items()
+            if isinstance(d, Effect) and type(d).policy_for is Effect.policy_for
+            and d.policy is not Policy.SAFE
+            and (not reconciling or type(d).reconcile is not Effect.reconcile)))

@@ -38,6 +38,7 @@ from store import (
     PENDING,
     RUNNING,
     WAITING,
+    Claim,
     LeaseLost,
     Store,
     StoreError,
@@ -77,6 +78,13 @@ class Runner:
         self.options = options or RunnerOptions()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
         self._inflight: dict[str, asyncio.Task] = {}
+        self._reserved = 0  # slots of claims under way
+        self._ending: set[asyncio.Task] = set()  # jobs past their last commit: slots free
+        # Tasks whose last commit also claimed and found no more ready work: their end
+        # frees a slot with nothing to fill it, so it need not wake the claim loop.
+        self._looked: set[str] = set()
+        self._intent_kinds = registry.intents_at_claim()
+        self._reconciling_kinds = registry.intents_at_claim(reconciling=True)
         self._solo: str | None = None  # a suspect of killing the process, run alone
         self._deferred: dict[str, float] = {}  # suspects put off for other work, since
         self._wake = asyncio.Event()
@@ -144,19 +152,42 @@ class Runner:
 
     # -- claiming ----------------------------------------------------------------------
 
+    def _next_claim(self, *, leaving: int = 0) -> Claim | None:
+        """What to claim now, if a slot is free. `leaving`: the task whose last commit this
+        claim shares. The intents it carries would be in doubt if the process died on that
+        task's way out, so only those of effects that reconcile ride on such a claim."""
+        busy = len(self._inflight) - len(self._ending) - leaving
+        free = self.options.concurrency - busy - self._reserved
+        if free <= 0 or self._solo is not None or self._stopping:
+            return None
+        return Claim(self.owner, free, self.options.lease_seconds, claim_id=new_id(),
+                     intent_kinds=self._reconciling_kinds if leaving else self._intent_kinds,
+                     ride_below=self.options.suspect_crashes)
+
     async def _claim(self) -> list[Task]:
-        free = self.options.concurrency - len(self._inflight)
-        if free <= 0 or self._solo is not None:
+        claim = self._next_claim()
+        if claim is None:
             return []
-        claimed = await self.store.claim_tasks(self.owner, free, self.options.lease_seconds)
-        claimed = await self._isolate_suspects(claimed)
+        self._reserved += claim.limit
+        try:
+            claimed = await self.store.claim(claim)
+        finally:
+            self._reserved -= claim.limit
+        return await self._admit(claimed, claim)
+
+    async def _admit(self, claimed: list[Task], claim: Claim) -> list[Task]:
+        """Start running what `claim` leased."""
+        claimed = await self._isolate_suspects(claimed, claim)
         for task in claimed:
-            job = asyncio.create_task(self._drive(task), name=f"task:{task.kind}:{task.id}")
+            if (old := self._inflight.get(task.id)) is not None:  # claimed by its own commit
+                self._ending.discard(old)
+            job = asyncio.create_task(self._drive(task, claim.claim_id),
+                                      name=f"task:{task.kind}:{task.id}")
             self._inflight[task.id] = job
-            job.add_done_callback(lambda _j, tid=task.id: self._finished(tid))
+            job.add_done_callback(lambda j, tid=task.id: self._finished(tid, j))
         return claimed
 
-    async def _isolate_suspects(self, claimed: list[Task]) -> list[Task]:
+    async def _isolate_suspects(self, claimed: list[Task], claim: Claim) -> list[Task]:
         """Of the tasks just claimed, those that were running when the process died more
         than once (suspects of killing it) run alone, one at a time, the fewest deaths
         first (dying beside a poison makes a task a suspect too). While other work is
@@ -173,21 +204,30 @@ class Runner:
         first_seen = self._deferred.setdefault(suspects[0].id, time.monotonic())
         if others and time.monotonic() - first_seen < o.suspect_defer_seconds:
             await self.store.release_tasks(self.owner, [t.id for t in suspects],
-                                           run_after=time.time() + o.poll_seconds)
+                                           run_after=time.time() + o.poll_seconds,
+                                           claim=claim)
             return others
         solo = suspects[0]
-        await self.store.release_tasks(self.owner, [t.id for t in claimed if t is not solo])
+        await self.store.release_tasks(self.owner, [t.id for t in claimed if t is not solo],
+                                       claim=claim)
         self._deferred.pop(solo.id, None)
         log.warning("task %s (%s) was running when %d lives of this process died; running "
                     "it alone", solo.id, solo.kind, solo.crashes)
         self._solo = solo.id
         return [solo]
 
-    def _finished(self, task_id: str) -> None:
-        self._inflight.pop(task_id, None)
+    def _finished(self, task_id: str, job: asyncio.Task) -> None:
+        # A task whose last commit here claimed it again (a wait that was over at once)
+        # runs on in a new job under the same id.
+        if self._inflight.get(task_id) is job:
+            del self._inflight[task_id]
+        self._ending.discard(job)
+        looked = task_id in self._looked
+        self._looked.discard(task_id)
         if self._solo == task_id:
-            self._solo = None
-        self._wake.set()
+            self._solo, looked = None, False  # what it held back may be claimed now
+        if not looked:
+            self._wake.set()
 
     async def _anything_due_soon(self, horizon: float | None) -> bool:
         due = await self.store.next_due()
@@ -227,14 +267,33 @@ class Runner:
         ctx.writes.update_task(update)
         await self.store.commit(ctx.writes)
 
+    async def _commit_last(self, ctx: TaskContext, update: TaskUpdate) -> None:
+        """The commit that ends this task's run here: it also claims the task that takes
+        its slot, so a busy queue costs one transaction per step, not two."""
+        ctx.writes.update_task(update)
+        claim = self._next_claim(leaving=1)
+        if claim is None:
+            await self.store.commit(ctx.writes)
+            return
+        self._reserved += claim.limit
+        try:
+            result = await self.store.commit(ctx.writes, then_claim=claim)
+        finally:
+            self._reserved -= claim.limit
+        self._ending.add(asyncio.current_task())  # its slot is the claimed task's now
+        if len(result.claimed) < claim.limit and not result.duplicate:
+            self._looked.add(ctx.task.id)
+        if result.claimed:
+            await self._admit(result.claimed, claim)
+
     def _update(self, ctx: TaskContext, state: str, **kw) -> TaskUpdate:
         kw.setdefault("phase", ctx.phase)
         kw.setdefault("checkpoint", ctx.checkpoint)
         kw.setdefault("attempts", 0)
         return TaskUpdate(ctx.task.id, self.owner, state, **kw)
 
-    async def _drive(self, task: Task) -> None:
-        ctx = TaskContext(self.store, task, owner=self.owner, claim=new_id())
+    async def _drive(self, task: Task, claim_id: str) -> None:
+        ctx = TaskContext(self.store, task, owner=self.owner, claim=claim_id)
         if self._solo == task.id:  # alone: the work already in flight finishes first
             others = [job for tid, job in self._inflight.items() if tid != task.id]
             if others:
@@ -264,9 +323,16 @@ class Runner:
             await self._commit(ctx, update)
             return
         attempt = task.attempts + 1  # tries of the current phase, this one included
+        # Its intent rode on the claim (store.writes.Claim): the claim was the intent commit.
+        rode = task.phase == "effect" and task.checkpoint == {"claim": ctx.claim}
+        if rode:
+            kill_point("after-intent", task.kind)
         while True:
             if self._stopping:
-                # Between phases: hand the task back untouched; it resumes from here.
+                # Between phases: hand the task back untouched; it resumes from here (one
+                # that has not run a step since its intent rode on the claim, from the start).
+                if rode:
+                    ctx.phase, ctx.checkpoint = "", None
                 await self._commit(ctx, self._update(ctx, PENDING, attempts=0))
                 return
             ctx.writes = Writes()  # each phase starts with nothing to write
@@ -278,8 +344,12 @@ class Runner:
             except Exception as exc:
                 await self._failed_attempt(ctx, exc, attempt)
                 return
+            rode = False
             try:
-                await self._commit(ctx, self._outcome_update(ctx, outcome))
+                if isinstance(outcome, Continue):
+                    await self._commit(ctx, self._outcome_update(ctx, outcome))
+                else:
+                    await self._commit_last(ctx, self._outcome_update(ctx, outcome))
             except LeaseLost:
                 raise
             except StoreError as exc:  # the phase wrote something the store refuses
