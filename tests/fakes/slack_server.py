@@ -5,7 +5,13 @@
                        conversations.history|replies|open, reactions.add|remove,
                        users.info
     /files/<id>/<name> a file's `url_private` (needs the bot token)
-    /socket            the Socket Mode websocket (`push()` sends an envelope, acks are kept)
+    /socket            the Socket Mode websocket: as Slack does, `push()` sends an envelope
+                       to one of the open connections (round-robin over them), and an
+                       Events API envelope not acked within `socket.ack_timeout` seconds
+                       is sent again (a new envelope id, `retry_attempt` + 1, reason
+                       "timeout"), to the next connection, up to `socket.retries` times;
+                       acks are kept, and what went where (`socket.deliveries`);
+                       `lose_acks(n)`: the next n acks of such envelopes never arrive
 
 Every Web API call is recorded (`calls`, `count`); `fail(method, status, times)` answers
 the next calls with 429 (with Retry-After), a 5xx, or `DROP` (the connection is closed with
@@ -58,10 +64,29 @@ class Failure:
 
 
 @dataclass
+class Delivery:
+    first: str  # the envelope id of the first delivery
+    envelope_id: str
+    connection: int | None  # the connection's number (in order of connecting); None: none open
+    retry_attempt: int
+    at: float
+
+
+@dataclass
 class SocketState:
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
-    acks: dict[str, float] = field(default_factory=dict)
+    acks: dict[str, float] = field(default_factory=dict)  # by envelope id (and first id)
     connects: int = 0
+    ack_timeout: float = 3.0  # Slack waits 3 s for an ack, then sends the envelope again
+    retries: int = 3  # times an unacked Events API envelope is sent again
+    deliveries: list[Delivery] = field(default_factory=list)
+    numbers: dict[int, int] = field(default_factory=dict)  # id(ws) -> its number
+    first_of: dict[str, str] = field(default_factory=dict)  # envelope id -> first id
+    unacked: dict[str, tuple[dict, float]] = field(default_factory=dict)  # first id ->
+    # (the envelope last sent, when)
+    turn: int = 0  # the round-robin's position
+    lose: int = 0  # acks still to lose (`lose_acks`)
+    lost: list[str] = field(default_factory=list)  # envelope ids whose ack was lost
 
 
 class FakeSlack(Workspace):
@@ -75,6 +100,7 @@ class FakeSlack(Workspace):
         self._site: web.TCPSite | None = None
         self._down = False
         self._thread: threading.Thread | None = None
+        self._retrying: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -118,11 +144,14 @@ class FakeSlack(Workspace):
         self._site = web.TCPSite(self._runner, "127.0.0.1", 0)
         loop.run_until_complete(self._site.start())
         self.port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._retrying = loop.create_task(self._retry_unacked())
         ready.set()
         loop.run_forever()
         loop.close()
 
     async def _shutdown(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
         for ws in list(self.socket.sockets):
             await ws.close()
         assert self._runner is not None
@@ -188,13 +217,15 @@ class FakeSlack(Workspace):
 
     def push(self, payload: dict, *, envelope_type: str = "events_api",
              retry_attempt: int = 0) -> str:
-        """Send an envelope to every connected Socket Mode client; its id."""
+        """Send an envelope to one connected Socket Mode client (the next, round-robin);
+        its id. An Events API envelope is sent again until acked (see the module's doc)."""
         envelope_id = str(uuid.uuid4())
         envelope = {"envelope_id": envelope_id, "type": envelope_type, "payload": payload,
                     "accepts_response_payload": False, "retry_attempt": retry_attempt,
                     "retry_reason": "timeout" if retry_attempt else ""}
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self._send_all(envelope), self._loop).result(5)
+        asyncio.run_coroutine_threadsafe(self._deliver(envelope_id, envelope),
+                                         self._loop).result(5)
         return envelope_id
 
     def disconnect_sockets(self) -> None:
@@ -208,8 +239,20 @@ class FakeSlack(Workspace):
             return sum(1 for ws in self.socket.sockets if not ws.closed)
 
     def acked(self, envelope_id: str) -> float | None:
+        """When the envelope (or, for the first one's id, any of its retries) was acked."""
         with self._lock:
             return self.socket.acks.get(envelope_id)
+
+    def lose_acks(self, times: int = 1) -> None:
+        """The next `times` acks of Events API envelopes are lost on the way (or come too
+        late): Slack sends those envelopes again, to the next connection."""
+        with self._lock:
+            self.socket.lose += times
+
+    def unacked(self) -> int:
+        """Events API envelopes still waiting for an ack (to be sent again)."""
+        with self._lock:
+            return len(self.socket.unacked)
 
     # -- Web API -------------------------------------------------------------------
 
@@ -290,7 +333,9 @@ class FakeSlack(Workspace):
         with self._lock:
             self.socket.sockets.append(ws)
             self.socket.connects += 1
-        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
+            self.socket.numbers[id(ws)] = self.socket.connects
+            count = sum(1 for s in self.socket.sockets if not s.closed)
+        await ws.send_str(json.dumps({"type": "hello", "num_connections": count,
                                       "connection_info": {"app_id": "A0FAKE"},
                                       "debug_info": {"host": "fake"}}))
         async for msg in ws:
@@ -298,10 +343,56 @@ class FakeSlack(Workspace):
                 data = json.loads(msg.data)
                 if data.get("envelope_id"):
                     with self._lock:
-                        self.socket.acks.setdefault(data["envelope_id"], time.time())
+                        envelope_id = data["envelope_id"]
+                        first = self.socket.first_of.get(envelope_id, envelope_id)
+                        if self.socket.lose > 0 and first in self.socket.unacked:
+                            self.socket.lose -= 1
+                            self.socket.lost.append(envelope_id)
+                            continue
+                        self.socket.acks.setdefault(envelope_id, time.time())
+                        self.socket.acks.setdefault(first, time.time())
+                        self.socket.unacked.pop(first, None)
         with self._lock:
             self.socket.sockets.remove(ws)
         return ws
+
+    async def _deliver(self, first: str, envelope: dict) -> None:
+        """To the next open connection; an Events API envelope waits for its ack."""
+        with self._lock:
+            self.socket.first_of[envelope["envelope_id"]] = first
+            if envelope["type"] == "events_api":
+                self.socket.unacked[first] = (envelope, time.monotonic())
+            open_ = [ws for ws in self.socket.sockets if not ws.closed]
+            ws = open_[self.socket.turn % len(open_)] if open_ else None
+            self.socket.turn += 1
+            self.socket.deliveries.append(Delivery(
+                first, envelope["envelope_id"],
+                None if ws is None else self.socket.numbers[id(ws)],
+                envelope["retry_attempt"], time.time()))
+        if ws is not None:
+            try:
+                await ws.send_str(json.dumps(envelope))
+            except (ConnectionError, RuntimeError):  # it went: the retry goes elsewhere
+                pass
+
+    async def _retry_unacked(self) -> None:
+        """Slack sends an Events API envelope again when no ack came in time."""
+        while True:
+            await asyncio.sleep(0.1)
+            due = []
+            with self._lock:
+                for first, (envelope, sent) in list(self.socket.unacked.items()):
+                    if time.monotonic() - sent < self.socket.ack_timeout:
+                        continue
+                    if envelope["retry_attempt"] >= self.socket.retries:
+                        del self.socket.unacked[first]  # Slack gives up on it
+                        continue
+                    due.append((first, {
+                        **envelope, "envelope_id": str(uuid.uuid4()),
+                        "retry_attempt": envelope["retry_attempt"] + 1,
+                        "retry_reason": "timeout"}))
+            for first, envelope in due:
+                await self._deliver(first, envelope)
 
     async def _send_all(self, message: dict) -> None:
         text = json.dumps(message)
