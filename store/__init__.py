@@ -31,7 +31,6 @@ from store.records import (
     UsageRecord,
     new_id,
 )
-from store.store import Store, conversation_namespace, open_store
 from store.writes import Claim, ScheduleAdvance, ScheduleWrite, TaskUpdate, Writes
 
 __all__ = [
@@ -46,3 +45,15 @@ __all__ = [
 from store.search import Hit  # noqa: E402
 
 __all__ += ["Hit"]
+
+_STORE = ("Store", "conversation_namespace", "open_store")
+
+
+def __getattr__(name: str):
+    # The store itself (and with it SQLAlchemy) only when asked for: the reading commands
+    # use store.reader, which needs only the records, the SQL and the standard library.
+    if name in _STORE:
+        from store import store as _store
+
+        return getattr(_store, name)
+    raise AttributeError(f"module 'store' has no attribute {name!r}")

@@ -18,10 +18,10 @@ The scope rules are the search's: the vector candidates come from the same conve
 import time
 from dataclasses import dataclass
 
+from store import reads as _reads
 from store import search as _search
 from store import vectors as _vectors
-from store.errors import NotFound
-from store.schema import conversations, storable
+from store.records import storable
 
 __all__ = ["Fusion", "find"]
 
@@ -64,17 +64,12 @@ async def find(store, query: str, *, scopes: list[str] | None = None,
                fusion: Fusion = Fusion()) -> list:
     """A page of `Hit`s, best first: `Store.search` with the question's time (`when`) and,
     given the question's `embedding` by `model`, fused with the nearest entries."""
-    from sqlalchemy import select
-
     clock = at if at is not None else -(-time.time() // 3600) * 3600
     query = storable(query)
-    async with store._engines.read.connect() as conn:
+    async with store.reading() as conn:
         conversation_id = None
         if conversation_key is not None:
-            conversation_id = (await conn.execute(select(conversations.c.id).where(
-                conversations.c.key == conversation_key))).scalar()
-            if conversation_id is None:
-                raise NotFound(f"no conversation {conversation_key!r}")
+            conversation_id = (await _reads.conversation(conn, conversation_key)).id
         args = dict(scopes=scopes, conversation_id=conversation_id, now=clock, when=when)
         if embedding is None or limit <= 0 or scopes == []:
             found = await _search.ranked(conn, store.dialect, query, limit=limit,

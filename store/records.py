@@ -25,6 +25,22 @@ def new_id() -> str:
     return str(ULID())
 
 
+def storable(value: str, nul: str = "\ufffd") -> str:
+    """Text both backends can store. PostgreSQL text cannot hold a NUL, and no UTF-8 can
+    hold a lone surrogate (JSON like "\\ud83d" decodes to one); either would make its step
+    fail again on every retry. NUL becomes U+FFFD and a lone surrogate "?", on both
+    backends, so they agree. Statements written as `text()` call it on their strings."""
+    if "\x00" in value:
+        value = value.replace("\x00", nul)
+    if value.isascii():  # every bound string passes here: the common case costs no copy
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 

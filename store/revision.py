@@ -7,13 +7,13 @@ new) goes through `migrate`. `tests/test_cli_startup.py` keeps `HEAD` equal to t
 of `store/migrations/versions/`: a new migration fails that test until `HEAD` names it.
 """
 
-from sqlalchemy import text
-
 HEAD = "0012"
 
 
 async def current(engines) -> str | None:
     """The revision the database is at, or None (never migrated, or not a Steward one)."""
+    from sqlalchemy import text
+
     async with engines.read.connect() as conn:
         try:
             row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()

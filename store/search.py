@@ -84,10 +84,9 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from sqlalchemy import and_, literal, select, text, union_all
-
+from store.plain import run
+from store.reads import ENTRY as ENTRY_COLUMNS
 from store.records import Entry, entry_from_row
-from store.schema import conversations, entries
 
 __all__ = ["STOP_WORDS", "Hit", "Term", "explain", "hits_for", "parse_query", "query_terms",
            "ranked", "search"]
@@ -322,7 +321,7 @@ async def _scope(conn, scopes: list[str] | None, conversation_id: int | None) ->
     """The scope resolved to conversation ids, read by the scope index: the engines then
     filter entries by `conversation_id` (PostgreSQL plans with that column's statistics,
     which know one conversation from another; a join on `scope` hides its skew)."""
-    total = (await conn.execute(text("SELECT max(id) FROM entries"))).scalar() or 0
+    total = (await run(conn, ("SELECT max(id) FROM entries"))).scalar() or 0
     if scopes is None and conversation_id is None:
         return _Scope(None, total, total)
     where, params = [], {}
@@ -332,7 +331,7 @@ async def _scope(conn, scopes: list[str] | None, conversation_id: int | None) ->
     if scopes is not None:
         params.update({f"s{i}": scope for i, scope in enumerate(scopes)})
         where.append(f"scope IN ({', '.join(f':s{i}' for i in range(len(scopes)))})")
-    rows = (await conn.execute(text(
+    rows = (await run(conn, (
         f"SELECT id, last_seq FROM conversations WHERE {' AND '.join(where)}"), params)).all()
     if not rows:
         raise _NoMatch("no conversation in scope")
@@ -357,7 +356,7 @@ async def _expand_short_cjk(conn, term: str) -> list[str] | None:
     """The indexed trigrams that start with a 1-2 character term (every occurrence of the
     term starts one: the indexed text ends in two spaces): [] if none, None if too many."""
     low = term.lower()
-    rows = (await conn.execute(text(
+    rows = (await run(conn, (
         "SELECT term FROM entries_cjk_vocab WHERE term >= :lo AND term < :hi LIMIT :n"),
         {"lo": low, "hi": low + "\U0010ffff", "n": MAX_EXPANSION + 1})).all()
     return None if len(rows) > MAX_EXPANSION else [r[0] for r in rows]
@@ -389,7 +388,7 @@ async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Sco
         # only the index's stretch between the scope's first and last entry: an old scope
         # then never reads the newer history at all.
         ids = "SELECT id FROM entries WHERE conversation_id IN (SELECT value FROM json_each(:cids))"
-        lo, hi = (await conn.execute(text(f"SELECT min(id), max(id) FROM ({ids})"),
+        lo, hi = (await run(conn, (f"SELECT min(id), max(id) FROM ({ids})"),
                                      {"cids": params["cids"]})).one()
         if lo is None:
             raise _NoMatch("an empty scope")
@@ -454,7 +453,7 @@ async def _postgresql_orders(conn, params: dict, where: list[str], scope: _Scope
         params.update({f"pq{i}": q, f"pa{i}": qa})
         counts += [f"count(*) FILTER (WHERE r.tsv @@ CAST(:pq{i} AS tsquery))",
                    f"count(*) FILTER (WHERE r.tsv @@ CAST(:pa{i} AS tsquery))"]
-    row = (await conn.execute(text(
+    row = (await run(conn, (
         f"SELECT {', '.join(counts)}, count(*) FROM (SELECT e.search_vec AS tsv FROM entries "
         f"AS e WHERE {' AND '.join(where)} ORDER BY e.id DESC LIMIT :k) AS r"),
         {**params, "k": PROBE_ROWS})).one()
@@ -499,7 +498,7 @@ async def _pg_shares(conn) -> dict[str, float]:
     cached = _SHARES.get(engine)
     if cached is not None and time.monotonic() - cached[0] < SHARES_SECONDS:
         return cached[1]
-    row = (await conn.execute(text(
+    row = (await run(conn, (
         "SELECT CAST(CAST(most_common_elems AS text) AS text[]), most_common_elem_freqs "
         "FROM pg_stats WHERE schemaname = current_schema() AND tablename = 'entries' AND "
         "attname = 'search_vec'"))).first()
@@ -527,7 +526,7 @@ async def _postgresql_ranking(conn, terms: list[Term], pairs: list[str], scope: 
     # the window, at least what ANALYZE's statistics say (ts_typanalyze's lexeme shares).
     per_term, n = _per_term(window, len(terms)), max(scope.rows, 1)
     shares = await _pg_shares(conn) if n > per_term else {}
-    row = (await conn.execute(text(f"SELECT {', '.join(columns)}"), params)).one() \
+    row = (await run(conn, (f"SELECT {', '.join(columns)}"), params)).one() \
         if columns else ()
     phrases = [f"({p})" for p in row[2 * len(terms):2 * len(terms) + len(pairs)] if p]
     found = [(t, row[2 * i], row[2 * i + 1]) for i, t in enumerate(terms) if row[2 * i]]
@@ -538,7 +537,7 @@ async def _postgresql_ranking(conn, terms: list[Term], pairs: list[str], scope: 
     # search for its own words, for the rest of this transaction. And from an index:
     # on a small table the planner prefers reading it all, not pricing in that `@@` on
     # every row costs more than the GIN index's few matches.
-    await conn.execute(text("SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
+    await run(conn, ("SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
                             "set_config('enable_seqscan', 'off', true)"))
     params = {"now": now, "w": per_term, "n": float(n)}
     where = _filters(params, scope, "postgresql")
@@ -592,18 +591,20 @@ async def _neighbours(conn, found: list[Entry], context: int) -> dict:
     of every hit, by cursor on (conversation, seq), all in one round trip."""
     if context <= 0 or not found:
         return {}
-    pages = []
-    for e in found:
-        near = and_(entries.c.conversation_id == e.conversation_id,
-                    entries.c.kind.in_(NEIGHBOUR_KINDS), entries.c.text != "")
-        for side, cond, order in (("before", entries.c.seq < e.seq, entries.c.seq.desc()),
-                                  ("after", entries.c.seq > e.seq, entries.c.seq)):
-            page = (select(entries, literal(e.id).label("hit"), literal(side).label("side"))
-                    .where(near, cond).order_by(order).limit(context).subquery())
-            pages.append(select(page))
+    kinds = ", ".join(f"'{k}'" for k in NEIGHBOUR_KINDS)
+    pages, params = [], {"k": context}
+    for n, e in enumerate(found):
+        params.update({f"c{n}": e.conversation_id, f"s{n}": e.seq, f"h{n}": e.id})
+        for side, cond, order in (("before", "<", "DESC"), ("after", ">", "ASC")):
+            pages.append(
+                f"SELECT * FROM (SELECT {ENTRY_COLUMNS}, CAST(:h{n} AS BIGINT) AS hit, "
+                f"'{side}' AS side FROM entries WHERE conversation_id = :c{n} "
+                f"AND kind IN ({kinds}) AND text != '' AND seq {cond} :s{n} "
+                f"ORDER BY seq {order} LIMIT :k) AS p{n}{side}")
     out: dict = {}
     for i in range(0, len(pages), _UNION_MAX):  # SQLite allows 500 terms in a compound
-        for row in (await conn.execute(union_all(*pages[i:i + _UNION_MAX]))).all():
+        for row in (await run(conn, " UNION ALL ".join(pages[i:i + _UNION_MAX]),
+                              params)).all():
             out.setdefault((row.hit, row.side), []).append(entry_from_row(row))
     return {key: sorted(page, key=lambda n: n.seq) for key, page in out.items()}
 
@@ -623,7 +624,7 @@ async def ranked(conn, dialect: str, query: str, *, scopes: list[str] | None,
     except _NoMatch:
         return []
     params.update(limit=limit, offset=max(0, offset))
-    rows = (await conn.execute(text(
+    rows = (await run(conn, (
         f"{sql} ORDER BY score DESC, id DESC LIMIT :limit OFFSET :offset"), params)).all()
     return [(r.id, float(r.score)) for r in rows]
 
@@ -650,10 +651,12 @@ async def hits_for(conn, found: list[tuple[int, float]], context: int) -> list[H
     if not found:
         return []
     order = [_Ranked(i, s) for i, s in found]
-    rows = (await conn.execute(
-        select(entries, conversations.c.key.label("conversation_key"))
-        .join(conversations, conversations.c.id == entries.c.conversation_id)
-        .where(entries.c.id.in_([r.id for r in order])))).all()
+    ids = {f"i{n}": r.id for n, r in enumerate(order)}
+    columns = ", ".join(f"e.{c.strip()}" for c in ENTRY_COLUMNS.split(","))
+    rows = (await run(conn, (
+        f'SELECT {columns}, c."key" AS conversation_key FROM entries AS e '
+        "JOIN conversations AS c ON c.id = e.conversation_id "
+        f"WHERE e.id IN ({', '.join(':' + k for k in ids)})"), ids)).all()
     by_id = {r.id: (entry_from_row(r), r.conversation_key) for r in rows}
     near = await _neighbours(conn, [by_id[r.id][0] for r in order], context)
     return [Hit(by_id[r.id][0], by_id[r.id][1], float(r.score),
@@ -675,7 +678,7 @@ async def explain(conn, dialect: str, query: str, *, scopes: list[str] | None = 
         return ""
     params.update(limit=10, offset=0)
     prefix = "EXPLAIN" if dialect == "postgresql" else "EXPLAIN QUERY PLAN"
-    rows = (await conn.execute(text(
+    rows = (await run(conn, (
         f"{prefix} {sql} ORDER BY score DESC, id DESC LIMIT :limit OFFSET :offset"),
         params)).all()
     return "\n".join(" ".join(str(v) for v in r) for r in rows)

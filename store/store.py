@@ -3,13 +3,14 @@
 import logging
 from typing import Any
 
-from sqlalchemy import Integer, and_, cast, func, insert, or_, select, text
+from sqlalchemy import Integer, cast, func, insert, select, text
 
 from store import commit as _commit
 from store import hotpath as _hot
 from store import inbound as _inbound
 from store import leader as _leader
 from store import liveness as _liveness
+from store import reads as _reads
 from store import schedules as _schedules
 from store import tasks as _tasks
 from store.documents import versions as _versions
@@ -181,8 +182,13 @@ class Store:
             raise NotFound(missing)
         return conversation_from_row(row)
 
+    def reading(self):
+        """A read connection, for the text SQL of store/reads.py, search.py, vectors.py."""
+        return self._engines.read.connect()
+
     async def get_conversation(self, key: str) -> Conversation:
-        return await self._conversation(conversations.c.key == key, f"no conversation {key!r}")
+        async with self.reading() as conn:
+            return await _reads.conversation(conn, key)
 
     async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
         return await self._conversation(conversations.c.id == conversation_id,
@@ -190,11 +196,8 @@ class Store:
 
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:
-        query = select(conversations).order_by(conversations.c.id.desc()).limit(limit)
-        if before_id is not None:
-            query = query.where(conversations.c.id < before_id)
-        async with self._engines.read.connect() as conn:
-            return [conversation_from_row(r) for r in (await conn.execute(query)).all()]
+        async with self.reading() as conn:
+            return await _reads.conversations_page(conn, limit, before_id)
 
     async def fork(self, key: str, new_key: str, *, at_seq: int | None = None) -> Conversation:
         """A new conversation that sees `key`'s entries up to `at_seq` (default: all of
@@ -222,43 +225,14 @@ class Store:
 
         return await self._write(fork)
 
-    async def _lineage(self, conn, conversation_id: int):
-        """(conversation id, highest visible seq or None) from the fork back to the root."""
-        chain = []
-        bound = None
-        current = conversation_id
-        while current is not None:
-            row = (await conn.execute(select(conversations.c.parent_id, conversations.c.fork_at)
-                                      .where(conversations.c.id == current))).first()
-            if row is None:
-                raise NotFound(f"no conversation id {current}")
-            chain.append((current, bound))
-            if row.fork_at is not None:
-                bound = row.fork_at if bound is None else min(bound, row.fork_at)
-            current = row.parent_id
-        return chain
-
     async def entries_page(self, conversation_id: int, *, before: int | None = None,
                            after: int | None = None, limit: int = 50) -> list[Entry]:
         """One page of a transcript in order, by cursor: the `limit` entries just before
         position `before` (default: the newest), or just after position `after`. A fork's
         page includes its ancestors' entries up to the fork point."""
-        async with self._engines.read.connect() as conn:
-            chain = await self._lineage(conn, conversation_id)
-            visible = or_(*[
-                entries.c.conversation_id == cid if bound is None
-                else and_(entries.c.conversation_id == cid, entries.c.seq <= bound)
-                for cid, bound in chain])
-            query = select(entries).where(visible)
-            if after is not None:
-                query = query.where(entries.c.seq > after).order_by(entries.c.seq).limit(limit)
-            else:
-                if before is not None:
-                    query = query.where(entries.c.seq < before)
-                query = query.order_by(entries.c.seq.desc()).limit(limit)
-            rows = (await conn.execute(query)).all()
-        page = [entry_from_row(r) for r in rows]
-        return page if after is not None else page[::-1]
+        async with self.reading() as conn:
+            return await _reads.entries_page(conn, conversation_id, before=before, after=after,
+                                             limit=limit)
 
     async def entry_of_task(self, conversation_id: int, task_id: str) -> Entry | None:
         """The first entry a task wrote in a conversation (e.g. a turn's user message)."""

@@ -21,9 +21,7 @@ import time
 from array import array
 from dataclasses import dataclass
 
-from sqlalchemy import text
-
-from store.sql import insert_ignore
+from store.plain import run
 
 __all__ = ["VECTOR_WINDOW", "Near", "embeddable_text", "missing", "nearest", "pack", "put",
            "unpack"]
@@ -61,7 +59,7 @@ async def missing(conn, model: str, *, after: int, limit: int) -> list[tuple]:
     """(id, conversation_id, author, text) of up to `limit` searchable entries after id
     `after`, oldest first, that have no row for `model` yet."""
     kinds = ", ".join(f"'{k}'" for k in _KINDS)
-    rows = await conn.execute(text(
+    rows = await run(conn, (
         f"SELECT e.id, e.conversation_id, e.author, e.text FROM entries AS e "
         f"WHERE e.id > :after AND e.kind IN ({kinds}) AND e.text != '' AND NOT EXISTS "
         f"(SELECT 1 FROM entry_vectors AS v WHERE v.model = :model AND v.entry_id = e.id) "
@@ -75,6 +73,7 @@ async def put(conn, dialect: str, model: str, rows: list[tuple[int, int, bytes |
     if not rows:
         return
     from store.schema import entry_vectors
+    from store.sql import insert_ignore
 
     t = time.time()
     await conn.execute(insert_ignore(dialect, entry_vectors, "model", "entry_id"),
@@ -115,7 +114,7 @@ async def nearest(conn, dialect: str, model: str, query: list[float], *,
         else:
             where.append("v.conversation_id IN (SELECT value FROM json_each(:cids))")
             params["cids"] = json.dumps(conversation_ids)
-    rows = (await conn.execute(text(
+    rows = (await run(conn, (
         f"SELECT v.entry_id AS id, v.vec AS vec, e.kind AS kind, e.author AS author, "
         f"e.created_at AS created_at FROM entry_vectors AS v JOIN entries AS e "
         f"ON e.id = v.entry_id WHERE {' AND '.join(where)} "

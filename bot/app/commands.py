@@ -15,7 +15,7 @@ from pathlib import Path
 from bot.app.config import ConfigError, load_config
 from bot.app.config import StewardConfig as Config
 from bot.app.errors import UsageError
-from bot.app.opened import opened_store
+from bot.app.opened import opened_reader, opened_store
 from bot.home import HomeError, check_home
 
 CELL = 60  # characters of a listing's cell shown; the rest is cut with "…"
@@ -121,7 +121,7 @@ async def _usage(config: Config, args) -> int:
 
 
 async def _sessions(config: Config, args) -> int:
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         found = await store.list_conversations(limit=args.limit)
     rows = [{"key": c.key, "entries": c.last_seq, "owner": c.owner,
              "parent": c.parent_id, "fork_at": c.fork_at, "updated": _ts(c.updated_at)}
@@ -131,7 +131,7 @@ async def _sessions(config: Config, args) -> int:
 
 
 async def _log(config: Config, args) -> int:
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         conv = await store.get_conversation(args.key)
         page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
     rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "role": e.kind,
@@ -296,7 +296,7 @@ async def _chat(config: Config, args) -> int:
 
 
 async def _search(config: Config, args) -> int:
-    from bot.memory.search import search_command
+    from bot.memory.retrieval import search_command
 
     return await search_command(config, args)
 

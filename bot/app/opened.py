@@ -20,3 +20,17 @@ async def opened_store(config):
         yield store
     finally:
         await store.close()
+
+
+@asynccontextmanager
+async def opened_reader(config):
+    """The store for a command that only reads: through the standard library when the
+    database is SQLite at this build's schema (store/reader.py), else `opened_store`."""
+    from store.reader import open_for_reading
+
+    await asyncio.to_thread(make_private, config.home)
+    store = await open_for_reading(config.store_url)
+    try:
+        yield store
+    finally:
+        await store.close()

@@ -18,8 +18,10 @@ Errors (one tree):
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:  # httpx is imported when an embedder is made: `steward search` without
+    import httpx  # embeddings does without it
 
 from store.hybrid import Fusion
 
@@ -57,7 +59,7 @@ class Embedder(ABC):
     async def embed(self, texts: list[str]) -> list[list[float]]: ...
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: "httpx.Response") -> float | None:
     try:
         return float(response.headers.get("retry-after", ""))
     except ValueError:
@@ -68,7 +70,7 @@ class OpenAIEmbedder(Embedder):
     """`POST {base_url}/embeddings` with `{"model", "input": [...]}`; answers
     `{"data": [{"index", "embedding"}]}`."""
 
-    def __init__(self, http: httpx.AsyncClient, *, base_url: str, model: str,
+    def __init__(self, http: "httpx.AsyncClient", *, base_url: str, model: str,
                  api_key: str = "", hybrid: bool = False, fusion: Fusion = DEFAULT_FUSION,
                  batch_size: int = 64, timeout: float = 30.0):
         self.http, self.base_url, self.model = http, base_url.rstrip("/"), model
@@ -78,6 +80,8 @@ class OpenAIEmbedder(Embedder):
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
+        import httpx
+
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
             response = await self.http.post(f"{self.base_url}/embeddings", headers=headers,
@@ -121,7 +125,7 @@ def attached(store) -> Embedder | None:
     return _ATTACHED.get(store)
 
 
-def make(config, http: httpx.AsyncClient) -> Embedder | None:
+def make(config, http: "httpx.AsyncClient") -> Embedder | None:
     """The embedder `[embeddings]` asks for (None: "none")."""
     e = config.embeddings
     if e.provider == "none":
@@ -138,5 +142,7 @@ async def from_config(config):
     if config.embeddings.provider == "none":
         yield None
         return
+    import httpx
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
         yield make(config, http)
