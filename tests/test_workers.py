@@ -95,14 +95,19 @@ drain_seconds = 5.0
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:
                 raise AssertionError(self.tail())
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                await writer.wait_closed()
+            if await self.ready():
                 return
-            except OSError:
-                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)
         raise AssertionError(f"worker did not start serving:\n{self.tail()}")
+
+    async def ready(self) -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            return False
+        writer.close()
+        await writer.wait_closed()
+        return True
 
     @property
     def url(self) -> str:

@@ -7,17 +7,13 @@ message is answered exactly once: one chat.postMessage, one visible answer, in i
 in the thread under its mention."""
 
 import asyncio
-import os
 import re
-import sys
-import time
 from collections import Counter
 
 import pytest
 
 from tests.fakes.llm_server import FakeLLMServer, Reply
 from tests.fakes.slack_events import mention_of, mentions, says
-from tests.fakes.slack_rig import ENV
 from tests.test_workers import ALICE, ANSWER, Worker, until
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
@@ -42,25 +38,8 @@ class SocketWorker(Worker):
         text = config.read_text().replace('mode = "http"', 'mode = "socket"')
         config.write_text(re.sub(r"http_port = \d+\n", "", text))
 
-    async def start(self, kill_at: str | None = None) -> None:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("STEWARD_", "OPENAI_", "ANTHROPIC_", "SLACK_"))}
-        env.update(ENV, STEWARD_HOME=str(self.home),
-                   STEWARD_CONFIG=str(self.home / "config.toml"))
-        if kill_at:
-            env["STEWARD_KILL_AT"] = kill_at
-        with open(self.log, "wb") as out:  # noqa: ASYNC230 - the child's log file
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bot", "-v", "run", env=env, cwd=self.home,
-                stdout=out, stderr=asyncio.subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.returncode is not None:
-                raise AssertionError(self.tail())
-            if "connected in Socket Mode" in self.tail(200000):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"worker did not connect in Socket Mode:\n{self.tail()}")
+    async def ready(self) -> bool:
+        return "connected in Socket Mode" in self.tail(200000)
 
 
 def posts(slack, asks) -> dict[tuple[str, str | None], int]:

@@ -9,28 +9,26 @@ from bot.home import make_private
 
 
 @asynccontextmanager
-async def opened_store(config):
+async def _opened(config, open_fn):
+    await asyncio.to_thread(make_private, config.home)
+    store = await open_fn(config.store_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def opened_store(config):
     """A database at this build's schema opens without Alembic (store.revision); one
     behind is migrated first, as every start does."""
     from store import open_store
 
-    await asyncio.to_thread(make_private, config.home)
-    store = await open_store(config.store_url)
-    try:
-        yield store
-    finally:
-        await store.close()
+    return _opened(config, open_store)
 
 
-@asynccontextmanager
-async def opened_reader(config):
+def opened_reader(config):
     """The store for a command that only reads: through the standard library when the
     database is SQLite at this build's schema (store/reader.py), else `opened_store`."""
     from store.reader import open_for_reading
 
-    await asyncio.to_thread(make_private, config.home)
-    store = await open_for_reading(config.store_url)
-    try:
-        yield store
-    finally:
-        await store.close()
+    return _opened(config, open_for_reading)
