@@ -41,8 +41,9 @@ _SET_CLAIMED = f"""
     crashes = CASE WHEN state = '{RUNNING}' THEN crashes + 1 ELSE crashes END,
     crashed_since = CASE WHEN state = '{RUNNING}' THEN coalesce(crashed_since, ?3)
                          ELSE crashed_since END"""
+# Never the claimer's own: a renewal that came late leaves the task running here, in memory.
 _EXPIRED = (f"SELECT id FROM tasks WHERE state = '{RUNNING}' AND lease_expires < ?3 "
-            "ORDER BY lease_expires LIMIT ?4")
+            "AND lease_owner <> ?1 ORDER BY lease_expires LIMIT ?4")
 _DUE = (f"SELECT id FROM tasks WHERE state = '{PENDING}' AND run_after <= ?3 "
         "ORDER BY run_after, id LIMIT ?4")
 

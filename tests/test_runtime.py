@@ -398,3 +398,42 @@ async def test_lease_renewal_never_waits_for_a_row_another_commit_holds(store):
         await other.rollback()
     assert renewed == 1
     assert (await store.get_task(sleeper)).lease_expires > now() + 20
+
+
+async def test_a_lease_renewed_late_is_not_claimed_again_by_its_own_worker(store):
+    """Under load a renewal can come after the lease ran out (CI saw a safe MCP call start
+    twice in one process). The worker still holds the task in memory: its own claim loop
+    must not lease it again and run a second copy beside the first, nor count a death."""
+    started, release, first = [], asyncio.Event(), asyncio.Event()
+
+    class Slow(Effect):
+        kind = "slow"
+        policy = Policy.SAFE
+
+        async def perform(self, ctx):
+            started.append(ctx.task.id)
+            first.set()
+            await release.wait()
+            return "ok"
+
+    task_id = await spawn(store, "slow", {})
+    options = RunnerOptions(concurrency=4, lease_seconds=0.3, poll_seconds=0.02)
+    runner = Runner(store, Registry(Slow()), options)
+
+    async def late(owner, task_ids, lease_seconds):  # the renewals that came too late
+        return None
+
+    store.renew_leases = late
+    running = asyncio.create_task(runner.run(until_idle=True))
+    try:
+        await asyncio.wait_for(first.wait(), 10)
+        await asyncio.sleep(1.0)  # the lease ran out three times over; the claim loop polls
+        assert started == [task_id]
+        assert (await store.get_task(task_id)).crashes == 0
+        release.set()
+        await asyncio.wait_for(running, 10)
+    finally:
+        release.set()
+        running.cancel()
+    task = await store.get_task(task_id)
+    assert (task.state, started) == (DONE, [task_id])
