@@ -131,7 +131,8 @@ async def test_ask_with_the_provider_unreachable_fails_fast_in_one_line(home):
         f"steward: the model gave no answer: openai: ConnectError: All connection attempts "
         f"failed (http://127.0.0.1:{port}/v1)"]
     assert out.startswith("Sorry, I could not get an answer from the model")
-    assert took < 10, f"{took:.1f} s"  # two quick tries, not a minute of backoff
+    # Two quick tries, not a minute of backoff (a loaded CI machine took 14.6 s).
+    assert took < 30, f"{took:.1f} s"
     # what the conversation keeps: the question and the apology, once each
     code, out, _ = await steward(home, "log", "cli:default", "--json")
     assert [json.loads(line)["kind"] for line in out.splitlines()] == ["user", "assistant"]
