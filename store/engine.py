@@ -16,12 +16,13 @@ the few writers outside the store.
 
 PostgreSQL (asyncpg): an engine for reads (each connection pinged before use) and one for
 writes (never pinged: a dead connection fails its transaction, which is retried like any
-failed commit), plus a bare asyncpg pool for the task queue's fixed statements
-(`store/hotpath.py`). A `schema` query parameter on the URL (our extension) selects a
-search_path, which the tests use for isolation.
+failed commit), plus a pool of bare asyncpg connections for the task queue's fixed
+statements (`store/hotpath.py`, `HotPool`). A `schema` query parameter on the URL (our
+extension) selects a search_path, which the tests use for isolation.
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -56,19 +57,12 @@ class Engines:
     writer: SqliteWriter | None = None  # SQLite: the store's own write transactions
     pg_dsn: str | None = None  # PostgreSQL: for the hot path's pool
     pg_settings: dict = field(default_factory=dict)
-    _pool: object = None
-    _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _pool: "HotPool | None" = None
 
-    async def pool(self):
-        """The asyncpg pool for `store/hotpath.py`, opened on first use."""
+    async def pool(self) -> "HotPool":
+        """The connections for `store/hotpath.py`, each opened on first use."""
         if self._pool is None:
-            async with self._pool_lock:
-                if self._pool is None:
-                    import asyncpg
-
-                    self._pool = await asyncpg.create_pool(
-                        self.pg_dsn, min_size=0, max_size=10, reset=_no_reset,
-                        server_settings=self.pg_settings or None)
+            self._pool = HotPool(self.pg_dsn, self.pg_settings, max_size=10)
         return self._pool
 
     async def dispose(self) -> None:
@@ -82,9 +76,77 @@ class Engines:
             await self.read.dispose()
 
 
-async def _no_reset(_conn) -> None:
-    """The hot path leaves no session state behind (single autocommitted statements), so a
-    connection goes back to the pool as it is, without asyncpg's reset round trip."""
+class HotPool:
+    """Up to `max_size` asyncpg connections for the hot path: `async with pool.acquire() as
+    conn` (or `conn = await pool.acquire()` ... `await pool.release(conn)`).
+
+    Every use is autocommitted statements that leave no session state behind, so a
+    connection goes back as it is: no reset round trip, and none of asyncpg's pool
+    machinery (a shielded release task per use, a good part of a step's client time). A
+    use that ended other than normally or by the server refusing a statement (cancelled
+    mid-statement, a broken socket) closes its connection instead of handing it on."""
+
+    def __init__(self, dsn: str, settings: dict, *, max_size: int):
+        import asyncpg
+
+        self._connect = asyncpg.connect
+        self._kept_after = (asyncpg.PostgresError, StoreError)  # the connection is fine
+        self._dsn = dsn
+        self._settings = settings or None
+        self._idle: list = []
+        self._slots = asyncio.Semaphore(max_size)
+        self._closed = False
+
+    def acquire(self) -> "_HotLease":
+        return _HotLease(self)
+
+    async def _take(self):
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.is_closed():
+                    return conn
+            return await self._connect(self._dsn, server_settings=self._settings)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _give_back(self, conn, healthy: bool) -> None:
+        self._slots.release()
+        if healthy and not self._closed and not conn.is_closed():
+            self._idle.append(conn)
+        elif not conn.is_closed():
+            conn.terminate()
+
+    async def release(self, conn) -> None:
+        self._give_back(conn, True)
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=5)
+
+
+class _HotLease:
+    __slots__ = ("_pool", "_conn")
+
+    def __init__(self, pool: HotPool):
+        self._pool = pool
+        self._conn = None
+
+    def __await__(self):
+        return self._pool._take().__await__()
+
+    async def __aenter__(self):
+        self._conn = await self._pool._take()
+        return self._conn
+
+    async def __aexit__(self, _type, exc, _tb) -> None:
+        pool = self._pool
+        pool._give_back(self._conn, exc is None or isinstance(exc, pool._kept_after))
 
 
 def _configure_sqlite(dbapi_conn) -> None:

@@ -70,8 +70,9 @@ class Store:
         self.dialect = engines.dialect
         self._liveness: dict = {}  # runner owner -> the connection holding its liveness lock
         self._writer = engines.writer  # SQLite: every write transaction of the store
-        # PostgreSQL: the parent of each task this store claimed (None: it has none), so a
-        # result that wakes no parent can be one statement. Parents never change.
+        # The parent of each task this store claimed (None: it has none), so a result that
+        # wakes no parent can be one statement on PostgreSQL, and on SQLite one that need
+        # not read the parent back. Parents never change.
         self._parents: dict[str, str | None] = {}
 
     @property
@@ -121,11 +122,12 @@ class Store:
 
     async def _sqlite_commit(self, writes: Writes, then_claim: Claim | None) -> CommitResult:
         update = _hot.lone_update(writes)
+        parent = "?" if update is None else self._parents.get(update.task_id, "?")
 
         def job(s):
             t = now()
             if update is not None:
-                _hot.sqlite_update(s.raw, update, t)
+                _hot.sqlite_update(s.raw, update, t, parent)
                 result = CommitResult()
             else:
                 result = s.inline(lambda conn: _commit.apply(conn, self.dialect, writes))
@@ -134,10 +136,15 @@ class Store:
             return result
 
         try:
-            return await self._writer.run(job)
+            result = await self._writer.run(job)
         except _commit.DuplicateSubmission as dup:
             log.debug("duplicate submission %s: step not applied", dup)
             return CommitResult(duplicate=True)
+        if writes.task_update is not None and writes.task_update.state != RUNNING:
+            self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
+        if result.claimed:
+            self._remember_parents(result.claimed)
+        return result
 
     async def _fast_update(self, u) -> bool:
         """A step that only moves its task on, as the hot path's fixed statements (one
@@ -309,7 +316,9 @@ class Store:
     async def claim(self, c: Claim) -> list[Task]:
         """Lease ready tasks as `c` says (store.writes.Claim)."""
         if self._writer is not None:
-            return await self._writer.run(lambda s: _hot.sqlite_claim(s.raw, c, now()))
+            claimed = await self._writer.run(lambda s: _hot.sqlite_claim(s.raw, c, now()))
+            self._remember_parents(claimed)
+            return claimed
         async with (await self._engines.pool()).acquire() as conn:
             claimed = await _hot.pg_claim(conn, c, now())
         self._remember_parents(claimed)

@@ -2,8 +2,9 @@
 transactions run there, one thread hop there and one back.
 
 Group commit: the jobs that queued up while one transaction was committing run together in
-the next, each inside a SAVEPOINT of its own, so a failing job is rolled back alone; every
-caller is answered only after the group's COMMIT. One fsync then carries many steps, and
+the next, each inside a SAVEPOINT of its own, so a failing job is rolled back alone (a job
+that found nobody queued behind it is the whole transaction, and needs none); every caller
+is answered only after the group's COMMIT. One fsync then carries many steps, and
 nothing is acknowledged before it is durable (the connection runs `synchronous=FULL`).
 
 A job is a plain function of a `Session`, called on the writer thread. Code written for an
@@ -84,7 +85,8 @@ class SqliteWriter:
         transaction has committed."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._ensure_started()
+        if self._thread is None:
+            self._ensure_started()
         self._queue.put((job, loop, future))
         return await future
 
@@ -132,11 +134,9 @@ class SqliteWriter:
         if first is _STOP:
             return None
         jobs = [first]
-        while len(jobs) < MAX_GROUP:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        q = self._queue
+        while len(jobs) < MAX_GROUP and not q.empty():  # one consumer: not empty, not Empty
+            job = q.get_nowait()
             if job is _STOP:
                 self._queue.put(_STOP)  # after this group
                 break
@@ -144,6 +144,8 @@ class SqliteWriter:
         return jobs
 
     def _transaction(self, raw: sqlite3.Connection, session: Session, jobs: list) -> list:
+        if len(jobs) == 1:
+            return [self._alone(raw, session, jobs[0][0])]
         answers: list[tuple[Any, BaseException | None]] = []
         landed: list[int] = []  # jobs whose writes wait for the COMMIT
         raw.execute("BEGIN IMMEDIATE")
@@ -169,6 +171,20 @@ class SqliteWriter:
         raw.execute("COMMIT")
         self.transactions += 1
         return answers
+
+    def _alone(self, raw: sqlite3.Connection, session: Session, fn) -> tuple:
+        """A group of one: the job's failure rolls back the transaction, which holds nothing
+        else, so it needs no SAVEPOINT (two statements fewer per commit)."""
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn(session)
+        except Exception as exc:
+            if raw.in_transaction:  # else SQLite rolled it back itself
+                raw.execute("ROLLBACK")
+            return None, exc
+        raw.execute("COMMIT")
+        self.transactions += 1
+        return value, None
 
     @staticmethod
     def _answer(answers) -> None:

@@ -18,6 +18,7 @@ the person; others fail with the reason).
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -51,6 +52,19 @@ from store import (
 log = logging.getLogger(__name__)
 
 
+class _Slot:
+    """One of the runner's `concurrency` places, held by one asyncio task that runs claimed
+    tasks one after another: a result commit that claims the task taking its slot hands it
+    to this same asyncio task (`next`), so a busy queue spawns no asyncio task, and wakes
+    no claim loop, per step."""
+
+    __slots__ = ("task_id", "next")
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id  # the task it runs now
+        self.next: tuple[Task, str] | None = None  # (task, claim id) it runs after that
+
+
 @dataclass
 class RunnerOptions:
     concurrency: int = 8
@@ -77,12 +91,17 @@ class Runner:
         self.registry = registry
         self.options = options or RunnerOptions()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
-        self._inflight: dict[str, asyncio.Task] = {}
+        self._inflight: dict[str, asyncio.Task] = {}  # task id -> the job running it
         self._reserved = 0  # slots of claims under way
         self._ending: set[asyncio.Task] = set()  # jobs past their last commit: slots free
-        # Tasks whose last commit also claimed and found no more ready work: their end
-        # frees a slot with nothing to fill it, so it need not wake the claim loop.
+        # Tasks whose last commit also claimed, and either filled every free slot or
+        # found no more ready work: their end leaves no slot for the claim loop to fill,
+        # so it need not wake it.
         self._looked: set[str] = set()
+        # Claim ids: unique per lease (a checkpoint naming another claim was left by a
+        # worker that died), so this runner's own unique id and a count.
+        self._claim_ids = itertools.count(1)
+        self._claim_prefix = f"{new_id()}."
         self._intent_kinds = registry.intents_at_claim()
         self._reconciling_kinds = registry.intents_at_claim(reconciling=True)
         self._solo: str | None = None  # a suspect of killing the process, run alone
@@ -160,7 +179,8 @@ class Runner:
         free = self.options.concurrency - busy - self._reserved
         if free <= 0 or self._solo is not None or self._stopping:
             return None
-        return Claim(self.owner, free, self.options.lease_seconds, claim_id=new_id(),
+        return Claim(self.owner, free, self.options.lease_seconds,
+                     claim_id=f"{self._claim_prefix}{next(self._claim_ids)}",
                      intent_kinds=self._reconciling_kinds if leaving else self._intent_kinds,
                      ride_below=self.options.suspect_crashes)
 
@@ -175,17 +195,44 @@ class Runner:
             self._reserved -= claim.limit
         return await self._admit(claimed, claim)
 
-    async def _admit(self, claimed: list[Task], claim: Claim) -> list[Task]:
-        """Start running what `claim` leased."""
+    async def _admit(self, claimed: list[Task], claim: Claim,
+                     slot: _Slot | None = None) -> list[Task]:
+        """Start running what `claim` leased: the first task in `slot` (that of the task
+        whose last commit claimed it) once its task is over, the others in jobs of their
+        own. A suspect always gets a job of its own (it waits for the others)."""
         claimed = await self._isolate_suspects(claimed, claim)
         for task in claimed:
             if (old := self._inflight.get(task.id)) is not None:  # claimed by its own commit
                 self._ending.discard(old)
-            job = asyncio.create_task(self._drive(task, claim.claim_id),
-                                      name=f"task:{task.kind}:{task.id}")
-            self._inflight[task.id] = job
-            job.add_done_callback(lambda j, tid=task.id: self._finished(tid, j))
+            if slot is not None and slot.next is None and task.id != self._solo:
+                slot.next = (task, claim.claim_id)
+                self._inflight[task.id] = asyncio.current_task()
+                continue
+            self._start(task, claim.claim_id)
         return claimed
+
+    def _start(self, task: Task, claim_id: str) -> None:
+        slot = _Slot(task.id)
+        job = asyncio.create_task(self._run_slot(slot, task, claim_id),
+                                  name=f"task:{task.kind}:{task.id}")
+        self._inflight[task.id] = job
+        job.add_done_callback(lambda j: self._slot_done(slot, j))
+
+    async def _run_slot(self, slot: _Slot, task: Task, claim_id: str) -> None:
+        job = asyncio.current_task()
+        while True:
+            await self._drive(task, claim_id, slot)
+            if slot.next is None:
+                return
+            (task, claim_id), slot.next = slot.next, None
+            self._finished(slot.task_id, job, successor=task.id)
+            slot.task_id = task.id
+            job.set_name(f"task:{task.kind}:{task.id}")
+
+    def _slot_done(self, slot: _Slot, job: asyncio.Task) -> None:
+        self._finished(slot.task_id, job)
+        if slot.next is not None:  # handed to the slot, never started (cancelled)
+            self._finished(slot.next[0].id, job)
 
     async def _isolate_suspects(self, claimed: list[Task], claim: Claim) -> list[Task]:
         """Of the tasks just claimed, those that were running when the process died more
@@ -216,10 +263,12 @@ class Runner:
         self._solo = solo.id
         return [solo]
 
-    def _finished(self, task_id: str, job: asyncio.Task) -> None:
-        # A task whose last commit here claimed it again (a wait that was over at once)
-        # runs on in a new job under the same id.
-        if self._inflight.get(task_id) is job:
+    def _finished(self, task_id: str, job: asyncio.Task, *,
+                  successor: str | None = None) -> None:
+        """A task's run here is over; `successor`: the task its job runs next. A task
+        whose last commit here claimed it again (a wait that was over at once) runs on
+        under the same id, in this job or another."""
+        if self._inflight.get(task_id) is job and task_id != successor:
             del self._inflight[task_id]
         self._ending.discard(job)
         looked = task_id in self._looked
@@ -267,9 +316,11 @@ class Runner:
         ctx.writes.update_task(update)
         await self.store.commit(ctx.writes)
 
-    async def _commit_last(self, ctx: TaskContext, update: TaskUpdate) -> None:
+    async def _commit_last(self, ctx: TaskContext, update: TaskUpdate,
+                           slot: _Slot | None = None) -> None:
         """The commit that ends this task's run here: it also claims the task that takes
-        its slot, so a busy queue costs one transaction per step, not two."""
+        its slot, so a busy queue costs one transaction per step, not two, and the first
+        task claimed runs next in this task's `slot`."""
         ctx.writes.update_task(update)
         claim = self._next_claim(leaving=1)
         if claim is None:
@@ -281,10 +332,10 @@ class Runner:
         finally:
             self._reserved -= claim.limit
         self._ending.add(asyncio.current_task())  # its slot is the claimed task's now
-        if len(result.claimed) < claim.limit and not result.duplicate:
+        admitted = await self._admit(result.claimed, claim, slot) if result.claimed else []
+        if not result.duplicate and (len(result.claimed) < claim.limit
+                                     or len(admitted) == claim.limit):
             self._looked.add(ctx.task.id)
-        if result.claimed:
-            await self._admit(result.claimed, claim)
 
     def _update(self, ctx: TaskContext, state: str, **kw) -> TaskUpdate:
         kw.setdefault("phase", ctx.phase)
@@ -292,20 +343,20 @@ class Runner:
         kw.setdefault("attempts", 0)
         return TaskUpdate(ctx.task.id, self.owner, state, **kw)
 
-    async def _drive(self, task: Task, claim_id: str) -> None:
+    async def _drive(self, task: Task, claim_id: str, slot: _Slot | None = None) -> None:
         ctx = TaskContext(self.store, task, owner=self.owner, claim=claim_id)
         if self._solo == task.id:  # alone: the work already in flight finishes first
             others = [job for tid, job in self._inflight.items() if tid != task.id]
             if others:
                 await asyncio.wait(others)
         try:
-            await self._drive_phases(ctx)
+            await self._drive_phases(ctx, slot)
         except LeaseLost as exc:
             log.warning("%s", exc)
         except Exception:  # the database itself failed; the lease will expire and retry
             log.exception("task %s (%s): could not commit", task.id, task.kind)
 
-    async def _drive_phases(self, ctx: TaskContext) -> None:
+    async def _drive_phases(self, ctx: TaskContext, slot: _Slot | None = None) -> None:
         task = ctx.task
         definition = self.registry.get(task.kind)
         if definition is None:
@@ -349,7 +400,7 @@ class Runner:
                 if isinstance(outcome, Continue):
                     await self._commit(ctx, self._outcome_update(ctx, outcome))
                 else:
-                    await self._commit_last(ctx, self._outcome_update(ctx, outcome))
+                    await self._commit_last(ctx, self._outcome_update(ctx, outcome), slot)
             except LeaseLost:
                 raise
             except StoreError as exc:  # the phase wrote something the store refuses
