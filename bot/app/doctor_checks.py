@@ -43,7 +43,7 @@ def needed_secrets(config, env) -> list[tuple[str, str]]:
         needed.append(("[email] imap_password_env", email.imap_password_env))
         if email.smtp_user:
             needed.append(("[email] smtp_password_env", email.smtp_password_env))
-    if config.embeddings.provider != "none" and config.embeddings.api_key_env:
+    if config.embeddings.provider == "openai" and config.embeddings.api_key_env:
         needed.append(("[embeddings] api_key_env", config.embeddings.api_key_env))
     return needed
 

