@@ -20,6 +20,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, REAL
 
 from store.records import storable  # noqa: F401 (where the store's callers long found it)
 
@@ -93,6 +94,9 @@ entries = Table(
 )
 
 # Embeddings (0009, store/vectors.py): float32 bytes of unit length; NULL = refused.
+# `embedding` (0013): on PostgreSQL with pgvector, the same vector as `real[]`, searched by
+# a partial HNSW index per model on `embedding::vector(D)`; NULL elsewhere (SQLite's index
+# is a file, store/vector_index.py).
 entry_vectors = Table(
     "entry_vectors",
     metadata,
@@ -101,6 +105,7 @@ entry_vectors = Table(
     Column("conversation_id", BigId, nullable=False),
     Column("vec", LargeBinary),
     Column("created_at", Float, nullable=False),
+    Column("embedding", LargeBinary().with_variant(ARRAY(REAL()), "postgresql")),
     Index("ix_entry_vectors_scope", "model", "conversation_id", "entry_id"),
 )
 
