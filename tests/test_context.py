@@ -4,7 +4,9 @@ the cache, and the provider's reported usage sets the token estimate that decide
 compaction starts."""
 
 import asyncio
+import dataclasses
 import random
+import sys
 
 import httpx
 import pytest
@@ -199,3 +201,62 @@ async def test_reported_usage_decides_when_compaction_starts(store, harnesses, r
     assert not await store.list_tasks(kind="compact")
     await h.say("second")  # the first call's usage now sets the estimate
     assert bool(await store.list_tasks(kind="compact")) == compacts
+
+
+async def test_the_cache_holds_at_most_its_bytes_and_counts_them_exactly(store):
+    """The byte bound is what makes the cache's worst case a constant (a process runs for
+    years; windows of a 128k-token model are megabytes each): what it says it holds is the
+    sum of its windows' sizes, each at least what the window really references, through
+    appends, a withdrawal and a trimmed window; over the bound the least recently used go,
+    and a window larger than the whole bound is not kept."""
+    from bot.agent.context import entry_bytes, window_bytes
+
+    def deep_size(obj):  # as bench/soak.py measures the cache: every object once
+        seen, total, stack = set(), 0, [obj]
+        while stack:
+            o = stack.pop()
+            if id(o) in seen or o is None or isinstance(o, bool | type):
+                continue
+            seen.add(id(o))
+            total += sys.getsizeof(o)
+            if isinstance(o, dict):
+                stack.extend([*o.keys(), *o.values()])
+            elif isinstance(o, list | tuple | set):
+                stack.extend(o)
+            elif dataclasses.is_dataclass(o):
+                stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+        return total
+
+    convs = []
+    for n in range(4):
+        c = await store.ensure_conversation(f"cli:bytes{n}")
+        for k in range(5):
+            c = await write(store, c.id, [("user", f"q{n}.{k} " + "u" * 300, None),
+                                          ("assistant", f"a{n}.{k} " + "a" * 300,
+                                           {"final": True, "answers_upto": k})])
+        convs.append(c)
+    probe = ContextCache()
+    sizes = [window_bytes(await probe.window(store, c, 2500)) for c in convs]
+    assert probe.held_bytes() == sum(sizes)
+
+    cache = ContextCache(max_bytes=sizes[0] + sizes[1] + sizes[2] // 2)
+    for c in convs[:3]:
+        await cache.window(store, c, 2500)
+    assert len(cache) == 2 and convs[0].id not in cache._windows  # the oldest went
+    assert cache.held_bytes() <= cache.max_bytes
+
+    # appends, a withdrawal, a trim to the budget: the count follows the entries held
+    c = await write(store, convs[2].id, [("user", "more " + "m" * 900, None)])
+    c = await write(store, c.id, [("system", "(deleted)", {WITHDRAWS: [c.last_seq]})])
+    c = await write(store, c.id, [("user", "again " + "g" * 700, None)])
+    window = await same(store, cache, c.id, 2500)
+    assert not window.complete
+    assert window.held == sum(entry_bytes(e) for e in window.entries)
+    held = sum(size for *_rest, size in cache._windows.values())
+    assert cache.held_bytes() == held <= cache.max_bytes
+    for _, _, w, size in cache._windows.values():
+        assert size >= deep_size(w)  # an upper bound of what the window references
+
+    tiny = ContextCache(max_bytes=sizes[3] - 1)
+    assert (await tiny.window(store, convs[3], 2500)).entries  # still answered
+    assert len(tiny) == 0 and tiny.held_bytes() == 0

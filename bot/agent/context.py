@@ -10,9 +10,10 @@ the budget; they count towards the budget like text (older text gives way to the
 Older images are their note in the text, and their blobs stay in the home directory.
 """
 
+import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from zoneinfo import ZoneInfo
 
 from bot.attachments import REF, BlobStore
@@ -63,62 +64,135 @@ class Window:
     chars: int = 0
     complete: bool = True  # False: older entries after the cut did not fit the budget
     gap: int = 0  # when not complete: the size of the newest entry that did not fit
+    held: int = 0  # bytes its entries hold (`entry_bytes`), for the cache's byte bound
+
+
+def _held(value) -> int:
+    """Bytes of a value read from the store and what it references (str, numbers, JSON
+    containers), each reference counted as if it were its own object: an upper bound,
+    which is what a memory bound needs."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if v is None or v is True or v is False:
+            continue
+        total += sys.getsizeof(v)
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return total
+
+
+def _attributes(cls) -> int:
+    """An upper bound for an instance's attribute storage: a dict of all its fields (not
+    `instance.__dict__`, which would create one where Python keeps them inline)."""
+    return sys.getsizeof({f.name: None for f in fields(cls)})
+
+
+_ENTRY_FIXED = _attributes(Entry) + 4 * sys.getsizeof(2**40) + sys.getsizeof(0.0)
+_WINDOW_FIXED = _attributes(Window) + 4 * sys.getsizeof(2**40) + 256  # + its cache slot
+
+
+def entry_bytes(entry: Entry) -> int:
+    """What keeping `entry` costs: the object, its attributes, its text and data."""
+    return (sys.getsizeof(entry) + _ENTRY_FIXED + _held(entry.text) + _held(entry.data)
+            + _held(entry.kind) + _held(entry.author) + _held(entry.ref) + _held(entry.task_id))
+
+
+def window_bytes(window: Window) -> int:
+    """What a cached window costs: its entries, its list, its summary, the Window itself
+    and its slot in the cache (an OrderedDict node and a tuple, rounded up)."""
+    return (window.held + sys.getsizeof(window.entries) + _held(window.summary)
+            + sys.getsizeof(window) + _WINDOW_FIXED)
 
 
 async def read_window(store: Store, conversation: Conversation, budget_chars: int) -> Window:
     summary, cut = await head_of(store, conversation)
     picked: list[Entry] = []
-    used = 0
+    used = held = 0
     withdrawn: set[int] = set()
     before = conversation.last_seq + 1
     while True:
         page = await store.entries_page(conversation.id, before=before, limit=PAGE)
         for entry in reversed(page):
             if entry.seq <= cut:
-                return Window(summary, cut, picked[::-1], conversation.last_seq, used)
+                return Window(summary, cut, picked[::-1], conversation.last_seq, used,
+                              held=held)
             withdrawn.update(withdrawn_by(entry))
             if entry.kind not in SPOKEN or entry.seq in withdrawn:
                 continue
             if used + entry_chars(entry) > budget_chars and picked:
                 return Window(summary, cut, picked[::-1], conversation.last_seq, used, False,
-                              entry_chars(entry))
+                              entry_chars(entry), held)
             used += entry_chars(entry)
+            held += entry_bytes(entry)
             picked.append(entry)
         if len(page) < PAGE:
-            return Window(summary, cut, picked[::-1], conversation.last_seq, used)
+            return Window(summary, cut, picked[::-1], conversation.last_seq, used, held=held)
         before = page[0].seq
+
+
+# The most the context cache holds, whatever the model's window: a known constant for a
+# process that runs for years (the count bound alone lets it grow with the window, and as
+# idle conversations come back with longer histories). A cached entry costs its text plus
+# ~1.2 KB (the Entry, its data: `entry_bytes`), so a full window of the default 128k-token
+# model, ~480k characters, is ~1.6 MB in entries of 500 characters, ~8 MB in entries of
+# 80: this keeps 2-10 of those, or 64 windows of a small model; the least recently used
+# go first.
+MAX_CACHE_BYTES = 16 * 2**20
 
 
 class ContextCache:
     """The last window of each active conversation, extended with new entries instead of
-    re-read, and dropped when the conversation goes idle (or the cache is full). A cached
-    window is always the window `read_window` would give: it is read afresh when the head
-    marker moved, or when older entries would fit again (the budget grew, or a message was
-    taken back)."""
+    re-read, and dropped when the conversation goes idle (or the cache is full: more than
+    `max_conversations` windows, or more than `max_bytes` held by them, `window_bytes`).
+    A cached window is always the window `read_window` would give: it is read afresh when
+    the head marker moved, or when older entries would fit again (the budget grew, or a
+    message was taken back)."""
 
-    def __init__(self, *, max_conversations: int = 64, idle_seconds: float = 600.0):
+    def __init__(self, *, max_conversations: int = 64, idle_seconds: float = 600.0,
+                 max_bytes: int = MAX_CACHE_BYTES):
         self.max = max_conversations
+        self.max_bytes = max_bytes
         self.idle = idle_seconds
-        self._windows: OrderedDict[int, tuple[float, int | None, Window]] = OrderedDict()
+        self._windows: OrderedDict[int, tuple[float, int | None, Window, int]] = OrderedDict()
+        self._bytes = 0  # the sum of the cached windows' window_bytes
+        self.evicted = 0  # windows dropped to stay within the byte bound (not for idleness)
 
     def __len__(self) -> int:
         return len(self._windows)
+
+    def held_bytes(self) -> int:
+        """What the cached windows hold (an upper bound), at most `max_bytes`."""
+        return self._bytes
+
+    def _drop(self, cid: int) -> tuple | None:
+        cached = self._windows.pop(cid, None)
+        if cached is not None:
+            self._bytes -= cached[3]
+        return cached
 
     async def window(self, store: Store, conversation: Conversation,
                      budget_chars: int) -> Window:
         now = time.monotonic()
         for cid, (used_at, *_rest) in list(self._windows.items()):
             if now - used_at > self.idle:
-                del self._windows[cid]
-        cached = self._windows.pop(conversation.id, None)
+                self._drop(cid)
+        cached = self._drop(conversation.id)
         window = None
         if cached and cached[1] == conversation.head_seq:
             window = await _extend(store, conversation, cached[2], budget_chars)
         if window is None:
             window = await read_window(store, conversation, budget_chars)
-        self._windows[conversation.id] = (now, conversation.head_seq, window)
-        while len(self._windows) > self.max:
-            self._windows.popitem(last=False)
+        size = window_bytes(window)
+        self._windows[conversation.id] = (now, conversation.head_seq, window, size)
+        self._bytes += size
+        # The oldest go first; a window larger than the whole bound is not kept at all.
+        while len(self._windows) > self.max or self._bytes > self.max_bytes:
+            self.evicted += self._bytes > self.max_bytes
+            self._drop(next(iter(self._windows)))
         return window
 
 
@@ -126,7 +200,7 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
                   budget_chars: int) -> Window | None:
     """`window` brought up to the conversation's newest entries and to the budget, or None
     when it must be read afresh (older entries than it holds would fit now)."""
-    entries, used = list(window.entries), window.chars
+    entries, used, held = list(window.entries), window.chars, window.held
     after = window.last_seq
     while after < conversation.last_seq:
         page = await store.entries_page(conversation.id, after=after, limit=PAGE)
@@ -136,10 +210,12 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
                 if not window.complete and min(gone) < (entries[0].seq if entries else 0):
                     return None  # perhaps the entry that did not fit: read afresh
                 used -= sum(entry_chars(e) for e in entries if e.seq in gone)
+                held -= sum(entry_bytes(e) for e in entries if e.seq in gone)
                 entries = [e for e in entries if e.seq not in gone]
             if entry.kind in SPOKEN:
                 entries.append(entry)
                 used += entry_chars(entry)
+                held += entry_bytes(entry)
         if len(page) < PAGE:
             break
         after = page[-1].seq
@@ -147,11 +223,13 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
     if not complete and used + gap <= budget_chars:
         return None  # room for older entries: read afresh
     while len(entries) > 1 and used > budget_chars:
-        gap = entry_chars(entries.pop(0))
+        dropped = entries.pop(0)
+        gap = entry_chars(dropped)
         used -= gap
+        held -= entry_bytes(dropped)
         complete = False
     return Window(window.summary, window.cut_seq, entries, conversation.last_seq, used,
-                  complete, gap if not complete else 0)
+                  complete, gap if not complete else 0, held)
 
 
 def answer_order(entries: list[Entry]) -> list[Entry]:
@@ -232,13 +310,16 @@ def _not_shown(entry: Entry, shown: list[Image], config: Config) -> str:
 
 def _fit(window: Window, budget_chars: int) -> Window:
     """`window` with its oldest entries left out until it fits `budget_chars`."""
-    entries, used, gap = list(window.entries), window.chars, window.gap
+    entries, used, gap, held = list(window.entries), window.chars, window.gap, window.held
     while len(entries) > 1 and used > budget_chars:
-        gap = entry_chars(entries.pop(0))
+        dropped = entries.pop(0)
+        gap = entry_chars(dropped)
         used -= gap
+        held -= entry_bytes(dropped)
     if len(entries) == len(window.entries):
         return window
-    return Window(window.summary, window.cut_seq, entries, window.last_seq, used, False, gap)
+    return Window(window.summary, window.cut_seq, entries, window.last_seq, used, False, gap,
+                  held)
 
 
 def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = None,
