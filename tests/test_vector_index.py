@@ -125,9 +125,8 @@ async def test_an_entry_older_than_the_old_window_is_found(store, monkeypatch):
             assert len(got) == 10
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # pgvector is PostgreSQL's
 async def test_postgres_searches_a_large_scope_through_hnsw(store):
-    if store.dialect != "postgresql":
-        pytest.skip("pgvector is PostgreSQL's")
     rng = np.random.default_rng(4)
     conv, ids = await fill(store, "cli:big", unit(rng, 3000))
     q = unit(rng, 1)[0]
@@ -201,10 +200,9 @@ async def test_the_migration_fills_the_index_of_a_store_with_vectors(store_url):
         await engines.dispose()
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # the index file is SQLite's
 async def test_the_sqlite_index_file_catches_up_and_is_rebuilt_from_the_table(
         store, tmp_path, monkeypatch):
-    if store.dialect != "sqlite":
-        pytest.skip("the index file is SQLite's")
     monkeypatch.setattr(vector_index, "TAIL_MAX", 300)
     monkeypatch.setattr(vector_index, "READ", 250)
     monkeypatch.setattr(vector_index, "_OPEN", {})
@@ -265,13 +263,12 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # the index file is SQLite's
 async def test_a_kill_while_the_sqlite_index_is_rewritten_loses_no_vector(
         store, store_url, tmp_path, monkeypatch):
     """SIGKILL at chosen instants of a process that rebuilds the index file every other
     round: the file left (or none) is whole, and a search afterwards finds every vector
     stored, exactly as the table has it."""
-    if store.dialect != "sqlite":
-        pytest.skip("the index file is SQLite's")
     import asyncio
     import os
     import signal
