@@ -211,19 +211,28 @@ def _open(directory: Path, model: str, dim: int) -> "_Index | None":
         return ix
 
 
-async def _read(conn, ix: _Index, model: str, after: int, n: int):
-    """(ids, float32 matrix, last rowid, rows read) of the rows after rowid `after`."""
+# A model's vectors after a rowid, in the order they were stored (named parameters: run by
+# the store's connections and by a rebuild's own sqlite3 connection alike).
+_ROWS_AFTER = ("SELECT rowid, entry_id, CASE WHEN model = :model AND length(vec) = :w "
+               "THEN vec END FROM entry_vectors WHERE rowid > :after ORDER BY rowid LIMIT :n")
+
+
+def _matrix(ix: _Index, rows) -> tuple:
+    """(ids, float32 matrix) of the rows that hold a vector of this model and length."""
     np = ix.np
-    rows = (await run(conn, (
-        "SELECT rowid, entry_id, CASE WHEN model = :model AND length(vec) = :w THEN vec END "
-        "FROM entry_vectors WHERE rowid > :after ORDER BY rowid LIMIT :n"),
-        {"model": model, "w": 4 * ix.dim, "after": after, "n": n})).all()
-    if not rows:
-        return None
     keep = [r for r in rows if r[2] is not None]
     ids = np.fromiter((r[1] for r in keep), dtype=np.uint64, count=len(keep))
     vecs = np.frombuffer(b"".join(r[2] for r in keep), dtype="<f4").reshape(len(keep), ix.dim)
-    return ids, vecs, rows[-1][0], len(rows)
+    return ids, vecs
+
+
+async def _read(conn, ix: _Index, model: str, after: int, n: int):
+    """(ids, float32 matrix, last rowid, rows read) of the rows after rowid `after`."""
+    rows = (await run(conn, _ROWS_AFTER, {"model": model, "w": 4 * ix.dim, "after": after,
+                                          "n": n})).all()
+    if not rows:
+        return None
+    return *_matrix(ix, rows), rows[-1][0], len(rows)
 
 
 async def _catch_up(conn, ix: _Index, model: str, path: str) -> None:
@@ -244,10 +253,6 @@ async def _catch_up(conn, ix: _Index, model: str, path: str) -> None:
             return
 
 
-_ROWS_AFTER = ("SELECT rowid, entry_id, CASE WHEN model = ? AND length(vec) = ? THEN vec END "
-               "FROM entry_vectors WHERE rowid > ? ORDER BY rowid LIMIT ?")
-
-
 def _build_in_background(ix: _Index, model: str, path: str) -> None:
     """The file anew with everything up to now, in a thread of its own over its own
     read-only connection: a build takes minutes at 10^5 vectors, and no search (nor the
@@ -256,20 +261,16 @@ def _build_in_background(ix: _Index, model: str, path: str) -> None:
     never a torn index."""
     import sqlite3
 
-    np = ix.np
     chunks, after = ix.snapshot()  # sets `building`
 
     def more():
         nonlocal after
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         try:
-            while rows := db.execute(_ROWS_AFTER, (model, 4 * ix.dim, after, READ)).fetchall():
-                keep = [r for r in rows if r[2] is not None]
-                ids = np.fromiter((r[1] for r in keep), dtype=np.uint64, count=len(keep))
-                vecs = np.frombuffer(b"".join(r[2] for r in keep),
-                                     dtype="<f4").reshape(len(keep), ix.dim)
+            while rows := db.execute(_ROWS_AFTER, {"model": model, "w": 4 * ix.dim,
+                                                   "after": after, "n": READ}).fetchall():
                 after = rows[-1][0]
-                yield ids, vecs, after
+                yield *_matrix(ix, rows), after
         finally:
             db.close()
 

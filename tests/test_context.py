@@ -4,9 +4,7 @@ the cache, and the provider's reported usage sets the token estimate that decide
 compaction starts."""
 
 import asyncio
-import dataclasses
 import random
-import sys
 
 import httpx
 import pytest
@@ -209,23 +207,8 @@ async def test_the_cache_holds_at_most_its_bytes_and_counts_them_exactly(store):
     sum of its windows' sizes, each at least what the window really references, through
     appends, a withdrawal and a trimmed window; over the bound the least recently used go,
     and a window larger than the whole bound is not kept."""
+    from bench.soak import deep_size  # as the soak measures the cache
     from bot.agent.context import entry_bytes, window_bytes
-
-    def deep_size(obj):  # as bench/soak.py measures the cache: every object once
-        seen, total, stack = set(), 0, [obj]
-        while stack:
-            o = stack.pop()
-            if id(o) in seen or o is None or isinstance(o, bool | type):
-                continue
-            seen.add(id(o))
-            total += sys.getsizeof(o)
-            if isinstance(o, dict):
-                stack.extend([*o.keys(), *o.values()])
-            elif isinstance(o, list | tuple | set):
-                stack.extend(o)
-            elif dataclasses.is_dataclass(o):
-                stack.extend(getattr(o, f.name) for f in dataclasses.fields(o))
-        return total
 
     convs = []
     for n in range(4):
