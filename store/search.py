@@ -106,10 +106,14 @@ MIN_PREFIX = 3  # letters before a `*` for a prefix search
 MAX_CANDIDATES = 5000  # matches ranked at most: the newest ones in scope
 MIN_TERM_WINDOW = 1000  # ... of which each term gets at least this many
 MAX_EXPANSION = 1000  # trigrams a short CJK term may expand to before it falls back to LIKE
-# SQLite: a scope of S entries in a history of T is "sparse" when S * S < SPARSE * N * T
-# (N: candidates). Walking the index and joining each match to its entry costs ~1.3 us; a
-# scope is cheaper to filter by its entry ids (~0.15 us each to collect, ~0.07 us per match
-# to test) once S * 0.15 < (N * T / S) * 1.3, the matches walked to find N in scope.
+# SQLite: a scope of S entries in a history of T is "sparse" when S * S < SPARSE * W * T
+# (W: a term's window, `_per_term`). Walking the index and joining each match to its entry
+# costs ~1.3 us; a scope is cheaper to filter by its entry ids (~0.15 us each to collect,
+# ~0.07 us per match to test) once S * 0.15 < (W * T / S) * 1.3, the matches walked to find
+# W in scope. Each term's branch collects the ids for itself (they are held until the
+# statement ends), so the test is per term: with the whole window instead, a scope that is
+# the whole history took this plan until 40,000 entries, slower, holding the scope's ids
+# once per term (bench/soak.py: the recall's search peaked at 4 MB above SQLite's base).
 SPARSE = 8
 PROBE_ROWS = 2000  # PostgreSQL phrase queries: newest entries in scope sampled first
 SHARES_SECONDS = 600.0  # PostgreSQL: lexeme statistics are read again after this long
@@ -380,7 +384,7 @@ async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Sco
     params: dict = {"now": now, "w": _per_term(window, len(terms))}
     where = _filters(params, scope, "sqlite")
     sparse = []
-    if scope.ids is not None and scope.rows ** 2 < SPARSE * window * scope.total:
+    if scope.ids is not None and scope.rows ** 2 < SPARSE * params["w"] * scope.total:
         # A sparse scope: most matches lie outside it, and joining each to its entry to
         # find out would cost the whole history for a common word. Test the match's id
         # against the scope's entry ids instead (collected once by ix_entries_conversation_id;

@@ -3,6 +3,7 @@ conversation's search walks that scope, not everyone's matches, and PostgreSQL p
 queries pick their plan from the data, not from the planner's guess. Every test runs on
 SQLite and PostgreSQL."""
 
+import pytest
 from sqlalchemy import text
 
 from store import search as search_module
@@ -42,6 +43,35 @@ async def test_a_common_word_in_a_small_scope_does_not_walk_everyones_matches(st
         "lunch again", "lunch with erin on monday"]
     hits = await store.search("lunch", scopes=["private:dana"], limit=3, at=NOW)
     assert [h.entry.seq for h in hits] == [ROWS, ROWS - 1, ROWS - 3]  # the newest users
+
+
+WHOLE = 10_000  # a scope that is the whole history, below the 40,000 the rule once allowed
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # a SQLite plan choice
+async def test_a_scope_that_is_the_whole_history_is_not_filtered_by_its_ids_per_term(
+        store, store_url):
+    """Each term's branch collects the sparse plan's scope ids for itself and holds them to
+    the statement's end: a many-word question in a scope that is all there is must walk the
+    index instead (the sparse test is per term's window, not the whole window)."""
+    conv = await store.ensure_conversation("cli:all", owner="dana")
+    engines = create_engines(store_url)
+    try:
+        async with engines.write.begin() as conn:
+            await conn.execute(text(BULK["sqlite"].replace(str(ROWS), str(WHOLE))),
+                               {"cid": conv.id})
+            await conn.execute(text("UPDATE conversations SET last_seq = :n WHERE id = :cid"),
+                               {"n": WHOLE, "cid": conv.id})
+        async with engines.read.connect() as conn:
+            many = await explain(conn, "sqlite", "note lunch about zeppelin monday",
+                                 scopes=["private:dana"])
+    finally:
+        await engines.dispose()
+    assert "SCAN entries_fts VIRTUAL TABLE" in many, many
+    assert "ix_entries_conversation_id" not in many, many  # no id list per term
+    hits = await store.search("note lunch about zeppelin monday", scopes=["private:dana"],
+                              limit=3, at=NOW)
+    assert len(hits) == 3
 
 
 async def test_a_rare_phrase_of_common_words_is_found_on_every_plan(store, monkeypatch):
