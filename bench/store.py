@@ -8,14 +8,17 @@
    the intent rides on the claim where it can), p50/p99 at c=1 with the ratio to the
    floor; and a queue worked through at c=1, where each result commit also claims the
    next task: wall time per step and its ratio to the same floor; steps/s at c=64. A claim
-   that rides on a result commit is timed from the start of that commit;
+   that rides on a result commit is timed from the start of that commit. `--warmup` steps
+   of each kind run first, untimed: a fresh database file grows its WAL on every commit at
+   first (a fresh store measured 2.1 ms p50 over its first 300 steps, 0.76 ms after 300
+   more), and a store that runs for years is past that;
 3. a claim's p50 with 20 / 2,000 / 20,000 ready tasks (it should not grow with the queue);
 4. reading the last page of a conversation of 10^3 and 10^6 entries, in a fresh handle:
    time and memory, so a read that grows with the conversation shows.
 
 usage: .venv/bin/python bench/store.py [--backend sqlite|postgres|both]
            [--sizes 1000,1000000] [--steps 2000] [--burst 6000] [--depths 20,2000,20000]
-           [--json]
+           [--warmup 500] [--json]
 """
 
 import argparse
@@ -300,11 +303,16 @@ async def bench_page(url: str, conv_id: int, n: int) -> dict:
 
 
 async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
-                      depths: list[int]) -> dict:
+                      depths: list[int], warmup: int = 0) -> dict:
     results: dict = {}
     store = TimedStore(create_engines(url))
     try:
         await migrate(store._engines)
+        if warmup:
+            note(f"  warm-up: {warmup} of each kind, untimed")
+            for kind in (KIND_SAFE, KIND_UNSAFE):
+                await bench_sandwich(store, kind, warmup, 1)
+            await floor(url, 2, warmup)
         # Floors before and after the runs they are compared with, so both see the same
         # machine; the lower of the two is the floor.
         floors = {2: [await floor(url, 2)], 3: [await floor(url, 3)]}
@@ -389,6 +397,8 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="sandwiches per c=1 run")
     parser.add_argument("--burst", type=int, default=6000, help="sandwiches in the c=64 run")
     parser.add_argument("--depths", default="20,2000,20000")
+    parser.add_argument("--warmup", type=int, default=500,
+                        help="untimed sandwiches of each kind first (0: none)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes, depths = _ints(args.sizes), _ints(args.depths)
@@ -398,7 +408,8 @@ async def main() -> None:
     for name in chosen:
         note(f"{name}:")
         async with backends[name]() as url:
-            figures[name] = await run_backend(url, sizes, args.steps, args.burst, depths)
+            figures[name] = await run_backend(url, sizes, args.steps, args.burst, depths,
+                                              args.warmup)
     if args.json:
         print(json.dumps({"steps": args.steps, "sizes": sizes, **figures}, indent=2))
         return

@@ -74,8 +74,10 @@ entry counts (`last_seq`), which only choose a plan, never change a result:
   term: the planner also walks far too readily for a word that is not spread evenly).
 
 What stays proportional to the history: bm25's document frequency of a term (FTS5 counts
-the rows that contain it), and on PostgreSQL a phrase of very common words that rarely
-occur together (each entry walked is rechecked from the heap).
+the rows that contain it), on SQLite the phrase boost's list of every entry that holds one
+of the query's word pairs (a list of ids, built once per search), and on PostgreSQL a
+phrase of very common words that rarely occur together (each entry walked is rechecked
+from the heap).
 """
 
 import json
