@@ -173,3 +173,50 @@ async def test_the_next_task_claimed_by_a_result_runs_even_when_it_is_the_same(s
     [task_id] = await _spawn(store, "gather")
     await _work_through(store, Gather(), Hop())
     assert (await store.get_task(task_id)).result == "gathered"
+
+
+async def test_of_tasks_ending_together_one_claims_for_the_free_slots(store):
+    """Eight tasks that end at the same moment: one result commit carries a claim at a time,
+    the others leave their slots to the claim loop, which claims for all of them at once
+    (a claim per ending task was one claim statement per step on SQLite's one writer)."""
+    release = asyncio.Event()
+
+    class Together(Counted):
+        async def perform(self, ctx):
+            self.runs.append(ctx.task.id)
+            if len(self.runs) % 8 == 0:
+                release.set()
+            await release.wait()
+            return {"n": ctx.inputs["n"]}
+
+    together = Together("together", Policy.SAFE)
+    ids = await _spawn(store, *["together"] * 32)
+    riding, most, claims = 0, 0, 0
+    commit, claim = store.commit, store.claim
+
+    async def counted_commit(writes, *, then_claim=None):
+        nonlocal riding, most
+        if then_claim is None:
+            return await commit(writes)
+        riding += 1
+        most = max(most, riding)
+        try:
+            return await commit(writes, then_claim=then_claim)
+        finally:
+            riding -= 1
+
+    async def counted_claim(c):
+        nonlocal claims
+        claims += 1
+        return await claim(c)
+
+    store.commit, store.claim = counted_commit, counted_claim
+    try:
+        await _work_through(store, together, options=RunnerOptions(
+            concurrency=8, lease_seconds=5, poll_seconds=0.02))
+    finally:
+        store.commit, store.claim = commit, claim
+    assert sorted(together.runs) == sorted(ids)  # each once
+    assert await store.count_tasks() == {DONE: 32}
+    assert most == 1
+    assert claims < 32, claims  # not one for each task that ended
