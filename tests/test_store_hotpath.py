@@ -286,6 +286,18 @@ async def test_a_process_killed_mid_group_loses_nothing_it_acknowledged(store_ur
         assert len(acked) >= kill_after
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # one statement there
+async def test_a_result_that_claims_takes_the_claimed_rows_by_primary_key(store):
+    """PostgreSQL's update-then-claim statement, on a table of a few thousand tasks (small
+    enough for the planner to scan it whole for an array of ids it guesses at ten)."""
+    async with store._engines.write.begin() as conn:
+        await conn.execute(insert(tasks), _task_rows(2_000))
+        await conn.execute(insert(tasks), _task_rows(2_000, state=DONE))
+    plan = await explain_claim(store._engines, 1, after_update=True)
+    assert "Index Scan using tasks_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+
 async def test_claims_in_a_fresh_handle_without_statistics_use_the_indexes(store_url):
     # No ANALYZE: the plan must not depend on statistics a new database does not have.
     store = await open_store(store_url)
