@@ -29,10 +29,22 @@ async def read_until(stream, marker: bytes) -> bytes:
 
 
 async def start_chat(home):
+    # faulthandler: a chat that does not leave is aborted with every thread's stack shown
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "chat", "--session", "cli:talk", env=steward_env(home),
-        cwd=home, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "bot", "chat", "--session", "cli:talk",
+        env=steward_env(home, PYTHONFAULTHANDLER="1"), cwd=home, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def left(proc, seconds: float) -> None:
+    """Wait for the process to exit; if it does not, fail with where its threads are."""
+    try:
+        await asyncio.wait_for(proc.wait(), seconds)
+    except TimeoutError:
+        proc.send_signal(signal.SIGABRT)
+        await asyncio.wait_for(proc.wait(), 30)
+        err = (await proc.stderr.read()).decode()
+        raise AssertionError(f"still running {seconds:.0f} s after SIGINT:\n{err}") from None
 
 
 async def test_ctrl_c_at_the_prompt_leaves_at_once(home):
@@ -42,7 +54,7 @@ async def test_ctrl_c_at_the_prompt_leaves_at_once(home):
         assert shown.endswith(b"you> "), shown
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        await asyncio.wait_for(proc.wait(), 10)
+        await left(proc, 10)
         took = time.monotonic() - sent
     finally:
         if proc.returncode is None:
@@ -65,7 +77,7 @@ async def test_ctrl_c_after_an_answer_leaves_and_keeps_the_conversation(home):
         shown = await read_until(proc.stdout, b"you> ")
         assert b'You said: "first thing"' in shown
         proc.send_signal(signal.SIGINT)
-        await asyncio.wait_for(proc.wait(), 10)
+        await left(proc, 10)
     finally:
         if proc.returncode is None:
             proc.kill()
