@@ -230,6 +230,7 @@ async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
     from sqlalchemy import text
 
     from store import open_store
+    from store.liveness import lock_key
 
     a, b = await open_store(store_url), await open_store(store_url)
     stop = asyncio.Event()
@@ -242,10 +243,14 @@ async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
         assert not waiting.done()  # one at a time
         assert await other.acquire(stop)  # each job its own lead
         # The leader's connection dies (the server restarted, the network broke): it
-        # learns it has lost the lead, and the other takes over.
-        pid = (await first._conn.execute(text("SELECT pg_backend_pid()"))).scalar()
-        await first._conn.commit()
+        # learns it has lost the lead, and the other takes over. The holder is found by its
+        # lock, not through its connection, which its own check is using meanwhile.
         async with b._engines.write.connect() as conn:
+            key = lock_key("leader:" + first.name) & 0xFFFF_FFFF_FFFF_FFFF  # two halves
+            pid = (await conn.execute(text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objsubid = 1 AND classid::bigint = :hi AND objid::bigint = :lo"),
+                {"hi": key >> 32, "lo": key & 0xFFFF_FFFF})).scalar_one()
             assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                     ).scalar()
         await asyncio.wait_for(first.lost.wait(), 5)
