@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 class Leader:
     def __init__(self, engine, name: str, *, poll_seconds: float = 2.0):
         self.engine, self.name, self.poll_seconds = engine, name, poll_seconds
+        self.key = lock_key("leader:" + name)  # the advisory lock's key
         self.lost = asyncio.Event()
         self._conn = None
         self._watch: asyncio.Task | None = None
@@ -66,7 +67,7 @@ class Leader:
         if self._conn is None:
             self._conn = await self.engine.connect()
         got = (await self._conn.execute(text("SELECT pg_try_advisory_lock(:k)"),
-                                        {"k": lock_key("leader:" + self.name)})).scalar()
+                                        {"k": self.key})).scalar()
         await self._conn.commit()
         return bool(got)
 

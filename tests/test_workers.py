@@ -230,7 +230,6 @@ async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
     from sqlalchemy import text
 
     from store import open_store
-    from store.liveness import lock_key
 
     a, b = await open_store(store_url), await open_store(store_url)
     stop = asyncio.Event()
@@ -246,7 +245,7 @@ async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
         # learns it has lost the lead, and the other takes over. The holder is found by its
         # lock, not through its connection, which its own check is using meanwhile.
         async with b._engines.write.connect() as conn:
-            key = lock_key("leader:" + first.name) & 0xFFFF_FFFF_FFFF_FFFF  # two halves
+            key = first.key & 0xFFFF_FFFF_FFFF_FFFF  # its two 32-bit halves
             pid = (await conn.execute(text(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
                 "AND objsubid = 1 AND classid::bigint = :hi AND objid::bigint = :lo"),

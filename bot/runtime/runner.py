@@ -326,7 +326,7 @@ class Runner:
         # While another last commit is under way, this one claims nothing: its slot is left
         # to the claim loop, which claims for every free slot at once. Under load a claim
         # per ending task cost the single SQLite writer one claim statement per step
-        # (bench/store.py c=64: 4,100-5,500 steps/s with, 9,000-11,000 without).
+        # (bench/store.py c=64 on SQLite: 3,400-4,200 steps/s with, 5,700-9,300 without).
         claim = None if self._closing else self._next_claim(leaving=1)
         if claim is None:
             await self.store.commit(ctx.writes)
