@@ -10,8 +10,7 @@
    next task: wall time per step and its ratio to the same floor; steps/s at c=64. A claim
    that rides on a result commit is timed from the start of that commit. `--warmup` steps
    of each kind run first, untimed: a fresh database file grows its WAL on every commit at
-   first (a fresh store measured 2.1 ms p50 over its first 300 steps, 0.76 ms after 300
-   more), and a store that runs for years is past that;
+   first (`--warmup 0` shows the difference), and a store that runs for years is past that;
 3. a claim's p50 with 20 / 2,000 / 20,000 ready tasks (it should not grow with the queue);
 4. reading the last page of a conversation of 10^3 and 10^6 entries, in a fresh handle:
    time and memory, so a read that grows with the conversation shows.
