@@ -21,8 +21,6 @@ event loop exists.
 from __future__ import annotations
 
 import os
-import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +35,18 @@ from pydantic import (
     field_validator,
 )
 
+from bot.config_source import (  # noqa: F401 (re-exported: the loader's public names)
+    DB_FILENAME,
+    POSTGRES_SCHEME,
+    SQLITE_SCHEME,
+    ConfigError,
+    Found,
+    find_config_path,
+    locate,
+    resolve_home,
+    secret,
+    store_url,
+)
 from bot.tools.mcp.config import McpConfig
 
 __all__ = [
@@ -53,31 +63,11 @@ __all__ = [
     "build_config",
     "find_config_path",
     "load_config",
+    "load_found",
     "resolve_home",
+    "secret_names",
 ]
 
-SQLITE_SCHEME = "sqlite+aiosqlite"
-POSTGRES_SCHEME = "postgresql+asyncpg"
-DB_FILENAME = "steward.db"
-NO_FILE = "(no config file)"
-
-
-class ConfigError(Exception):
-    """A config problem, rendered as one line: ``<file>: <where>: <what>[; ...]``.
-
-    ``path`` is the file (or None), ``problems`` a list of ``(where, what)`` pairs where
-    ``where`` reads like ``[slack] mode`` (or ``""`` for a whole-file problem).
-    """
-
-    def __init__(self, path: Path | str | None, problems: list[tuple[str, str]]) -> None:
-        self.path = Path(path) if path is not None else None
-        self.problems = problems
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        parts = [f"{where}: {what}" if where else what for where, what in self.problems]
-        text = f"{self.path if self.path is not None else NO_FILE}: " + "; ".join(parts)
-        return " ".join(text.split())  # always one line
 
 
 class Section(BaseModel):
@@ -339,62 +329,11 @@ class Config(Section):
     @property
     def store_url(self) -> str:
         """The effective SQLAlchemy URL."""
-        return self.store.url or f"{SQLITE_SCHEME}:///{self.home / DB_FILENAME}"
+        return store_url(self.store.url, self.home)
 
     def secret(self, env_name: str) -> str:
         """The value of ``env_name`` in the environment captured at load time."""
-        value = self._env.get(env_name, "") if env_name else ""
-        if not value:
-            where = f"environment variable {env_name}" if env_name else "secret name"
-            raise ConfigError(self._path, [("", f"{where} is not set")])
-        return value
-
-
-# ---------------------------------------------------------------- locations
-
-
-def _user_home(env: Mapping[str, str]) -> Path:
-    return Path(env["HOME"]) if env.get("HOME") else Path.home()
-
-
-def _expand(raw: str, env: Mapping[str, str], cwd: Path) -> Path:
-    if raw == "~" or raw.startswith("~/"):
-        path = _user_home(env) / raw[2:]
-    else:
-        path = Path(raw).expanduser()
-    return path if path.is_absolute() else cwd / path
-
-
-def resolve_home(cli_home: str | None, env: Mapping[str, str], cwd: Path | None = None) -> Path:
-    """``--home``, else ``$STEWARD_HOME``, else ``$XDG_DATA_HOME/steward``, else
-    ``~/.local/share/steward``. Always absolute; nothing is created."""
-    cwd = cwd if cwd is not None else Path.cwd()
-    if cli_home:
-        return _expand(cli_home, env, cwd)
-    if env.get("STEWARD_HOME"):
-        return _expand(env["STEWARD_HOME"], env, cwd)
-    if env.get("XDG_DATA_HOME"):
-        return _expand(env["XDG_DATA_HOME"], env, cwd) / "steward"
-    return _user_home(env) / ".local" / "share" / "steward"
-
-
-def find_config_path(cli_config: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
-    """``--config`` (must exist), else ``$STEWARD_CONFIG`` (must exist), else
-    ``cwd/config.toml``, else ``$XDG_CONFIG_HOME/steward/config.toml``
-    (``~/.config/steward/config.toml``) if it exists, else None."""
-    for raw, origin in ((cli_config, "--config"), (env.get("STEWARD_CONFIG"), "$STEWARD_CONFIG")):
-        if raw:
-            path = _expand(raw, env, cwd)
-            if not path.is_file():
-                raise ConfigError(path, [("", f"config file not found (from {origin})")])
-            return path
-    local = cwd / "config.toml"
-    if local.is_file():
-        return local
-    xdg = env.get("XDG_CONFIG_HOME")
-    config_dir = _expand(xdg, env, cwd) if xdg else _user_home(env) / ".config"
-    user = config_dir / "steward" / "config.toml"
-    return user if user.is_file() else None
+        return secret(self._env, env_name, self._path)
 
 
 # ---------------------------------------------------------------- loading
@@ -409,11 +348,14 @@ def load_config(
     model: type[Config] = Config,
 ) -> Config:
     """Find, read, validate and check the config; raise ConfigError on any problem."""
-    cwd = cwd if cwd is not None else Path.cwd()
-    path = find_config_path(cli_config, env, cwd)
-    data = _read_toml(path) if path is not None else {}
-    return build_config(data, home=resolve_home(cli_home, env, cwd), path=path, env=env,
-                        model=model)
+    found = locate(cli_config, cli_home, env, cwd if cwd is not None else Path.cwd())
+    return load_found(found, env, model=model)
+
+
+def load_found(found: Found, env: Mapping[str, str], *, model: type[Config] = Config
+               ) -> Config:
+    """Validate and check the config `locate` found."""
+    return build_config(found.data(), home=found.home, path=found.path, env=env, model=model)
 
 
 def build_config(
@@ -437,33 +379,6 @@ def build_config(
     if missing:
         raise ConfigError(path, missing)
     return config
-
-
-_TOML_POSITION = re.compile(
-    r"^(?P<msg>.*?)\s*\(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$"
-)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(path, [("", f"cannot read: {exc.strerror or exc}")]) from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, [("", f"not valid UTF-8 at byte {exc.start}")]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, [("", _describe_toml_error(str(exc)))]) from None
-
-
-def _describe_toml_error(text: str) -> str:
-    match = _TOML_POSITION.match(text.strip())
-    if match is None:
-        return f"invalid TOML: {text}"
-    if match["line"] is None:
-        return f"invalid TOML at end of document: {match['msg']}"
-    return f"invalid TOML at line {match['line']}: {match['msg']} (column {match['col']})"
 
 
 def _location(loc: tuple[int | str, ...], sections: frozenset[str]) -> str:
@@ -500,15 +415,19 @@ def _toml_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def secret_names(config: Config) -> list[tuple[str, str]]:
+    """(`[section] key`, the variable it names) for every secret this config needs."""
+    return [(f"[{section}] {key}", getattr(values, key))
+            for section in type(config).model_fields
+            if isinstance(values := getattr(config, section), Section)
+            for key in values.secrets()]
+
+
 def _missing_secrets(config: Config) -> list[tuple[str, str]]:
     problems = []
-    for section in type(config).model_fields:
-        values = getattr(config, section)
-        for key in values.secrets() if isinstance(values, Section) else []:
-            name = getattr(values, key)
-            if not name:
-                problems.append((f"[{section}] {key}", "must name an environment variable"))
-            elif not config._env.get(name):
-                problems.append((f"[{section}] {key}",
-                                 f"environment variable {name} is not set"))
+    for where, name in secret_names(config):
+        if not name:
+            problems.append((where, "must name an environment variable"))
+        elif not config._env.get(name):
+            problems.append((where, f"environment variable {name} is not set"))
     return problems

@@ -31,29 +31,28 @@ from store.records import (
     UsageRecord,
     new_id,
 )
-from store.writes import Claim, ScheduleAdvance, ScheduleWrite, TaskUpdate, Writes
 
 __all__ = [
     "BLOCKED", "DONE", "FAILED", "INTERRUPTED", "PENDING", "RUNNING", "STATES", "TERMINAL",
     "WAITING", "Claim", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
-    "DocumentError", "DocumentVersion", "Entry", "LeaseLost", "NotFound", "Schedule",
+    "DocumentError", "DocumentVersion", "Entry", "Hit", "LeaseLost", "NotFound", "Schedule",
     "ScheduleAdvance", "ScheduleWrite", "Store", "StoreError", "Task", "TaskUpdate",
     "UsageRecord", "Writes", "conversation_namespace",
     "new_id", "open_store",
 ]
 
-from store.search import Hit  # noqa: E402
-
-__all__ += ["Hit"]
-
-_STORE = ("Store", "conversation_namespace", "open_store")
+# The rest only when asked for: the reading commands use store.reader, which needs only
+# the records, the SQL and the standard library; `sessions` and `log` neither write nor
+# search (the store itself brings SQLAlchemy; the search's patterns take 12 ms to compile).
+_LAZY = {"Store": "store.store", "conversation_namespace": "store.store",
+         "open_store": "store.store", "Hit": "store.search",
+         **{name: "store.writes" for name in ("Claim", "ScheduleAdvance", "ScheduleWrite",
+                                               "TaskUpdate", "Writes")}}
 
 
 def __getattr__(name: str):
-    # The store itself (and with it SQLAlchemy) only when asked for: the reading commands
-    # use store.reader, which needs only the records, the SQL and the standard library.
-    if name in _STORE:
-        from store import store as _store
+    if name in _LAZY:
+        import importlib
 
-        return getattr(_store, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'store' has no attribute {name!r}")

@@ -1,11 +1,11 @@
 """Plain records returned by the store, and JSON encoding with per-row error isolation."""
 
 import json
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-from ulid import ULID
 
 from store.errors import CorruptRow
 
@@ -20,9 +20,32 @@ def now() -> float:
     return time.time()
 
 
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # ULID's alphabet: no I, L, O, U
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # ten bits at a time
+
+
+_last = [0, 0]  # the last id's millisecond and random part
+_ids = threading.Lock()
+
+
 def new_id() -> str:
-    """A time-sortable id (ULID): tasks created earlier sort first."""
-    return str(ULID())
+    """A time-sortable id (a ULID: 48 bits of Unix milliseconds, then 80 random, in 26
+    base-32 digits), later than every id made before it in this process: within one
+    millisecond the random part counts up, so tasks spawned in order sort in order. Made
+    here because the package that made them imported importlib.metadata, 60 ms of every
+    command's start."""
+    ms = time.time_ns() // 1_000_000
+    with _ids:
+        last_ms, last_random = _last
+        if ms > last_ms:
+            random = int.from_bytes(os.urandom(10), "big")
+        else:  # the same millisecond, or the clock stepped back: count on from the last
+            ms, random = last_ms, last_random + 1
+            if random >> 80:
+                ms, random = ms + 1, 0
+        _last[:] = ms, random
+    value = ms << 80 | random
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in range(120, -10, -10)])
 
 
 def storable(value: str, nul: str = "\ufffd") -> str:

@@ -44,8 +44,10 @@ def test_the_parser_knows_the_stores_task_states():
 # -- the commands people run most: no agent, no model client, no Slack, no Alembic ----------
 
 LIGHT = ("sessions", "log cli:x", "search hello")
-# On SQLite at the current schema they read through the standard library (store/reader.py).
-NOT_FOR_READING = ("sqlalchemy", "aiosqlite", "store.store", "bot.runtime",
+# On SQLite at the current schema they read through the standard library (store/reader.py),
+# and once a command has validated the config, they use what it found
+# (bot/app/config_snapshot.py).
+NOT_FOR_READING = ("pydantic", "sqlalchemy", "aiosqlite", "store.store", "bot.runtime",
                    "alembic", "aiohttp", "slack_sdk", "slack_bolt", "mcp", "aioimaplib",
                    "aiosmtplib", "apscheduler", "bot.llm.openai", "bot.llm.anthropic",
                    "bot.app.wiring", "bot.agent.turn", "connectors.slack.connector")
@@ -69,12 +71,28 @@ async def test_reading_commands_on_a_current_database_load_no_heavy_code(tmp_pat
     s = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
     await s.ensure_conversation("cli:x")
     await s.close()
+    code, loaded = await asyncio.to_thread(imported_running, home, ["sessions"])
+    assert code == 0 and "pydantic" in loaded  # the first validates the config in full
     for command in LIGHT:
         code, loaded = await asyncio.to_thread(imported_running, home, command.split())
         assert code == 0, command
         heavy = {m for m in loaded if m in NOT_FOR_READING
                  or m.split(".")[0] in NOT_FOR_READING}
         assert not heavy, (command, sorted(heavy))
+
+
+async def test_a_reading_command_that_fails_says_so_without_loading_heavy_code(tmp_path):
+    """Explaining the error must not cost what the command saved: `log` of a conversation
+    that does not exist took 1.4 s, importing the agent's tools (and SQLAlchemy with them)
+    to ask whether the error was one of theirs."""
+    home = tmp_path / "home"
+    s = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    await s.close()
+    await asyncio.to_thread(imported_running, home, ["sessions"])
+    code, loaded = await asyncio.to_thread(imported_running, home, ["log", "cli:missing"])
+    assert code == 1
+    heavy = {m for m in loaded if m in NOT_FOR_READING or m.split(".")[0] in NOT_FOR_READING}
+    assert not heavy, sorted(heavy)
 
 
 async def test_a_database_behind_is_migrated_by_any_command(tmp_path):

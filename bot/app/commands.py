@@ -2,8 +2,11 @@
 ends one as a single line.
 
 Imports are made by the command that needs them: `sessions`, `log` and `search` load the
-store and the config, not the agent, the model clients, Slack or Alembic (start-up time is
-what a person waits for at every command; tests/test_cli_startup.py keeps it so)."""
+store and the config as last validated, not pydantic, the agent, the model clients, Slack
+or Alembic (start-up time is what a person waits for at every command;
+tests/test_cli_startup.py keeps it so)."""
+
+from __future__ import annotations
 
 import asyncio
 import json
@@ -11,12 +14,16 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bot.app.config import ConfigError, load_config
-from bot.app.config import StewardConfig as Config
+from bot.app.config_snapshot import recall
 from bot.app.errors import UsageError
 from bot.app.opened import opened_reader, opened_store
+from bot.config_source import ConfigError, locate
 from bot.home import HomeError, check_home
+
+if TYPE_CHECKING:
+    from bot.app.config import StewardConfig as Config
 
 CELL = 60  # characters of a listing's cell shown; the rest is cut with "…"
 
@@ -350,12 +357,23 @@ def _raised_in(exc: BaseException, modules: tuple[str, ...]) -> bool:
     return False
 
 
+class _NeverRaised(Exception):
+    pass
+
+
+def _loaded_class(module: str, name: str) -> type[BaseException]:
+    """The exception class `module.name` if that module was imported, else one nothing
+    raises: an exception can only be an instance of a class that was loaded, and loading
+    the agent's tools or SQLAlchemy just to ask cost a reading command's error 1.4 s."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name) if loaded is not None else _NeverRaised
+
+
 def _database_problem(exc: BaseException, config: Config | None) -> str | None:
     """The line for a database that cannot be reached or opened, or None if `exc` is not
     that. asyncpg lets socket errors through as they are (refused, unknown host, timeout);
     SQLAlchemy wraps what the drivers call errors."""
-    from sqlalchemy.exc import DBAPIError
-
+    DBAPIError = _loaded_class("sqlalchemy.exc", "DBAPIError")
     from_driver = type(exc).__module__.split(".")[0] in ("asyncpg", "aiosqlite", "sqlite3")
     if not (isinstance(exc, DBAPIError) or from_driver
             or isinstance(exc, OSError) and _raised_in(exc, _DATABASE_MODULES)):
@@ -381,10 +399,10 @@ def _describe(exc: BaseException, config: Config | None) -> tuple[int, str]:
     """(exit code, the line to print) for an exception that ended a command."""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe(exc.exceptions[0], config)
-    from bot.tools.base import ToolModuleError
-    from store import StoreError
+    from store.errors import StoreError
 
-    if isinstance(exc, ToolModuleError):  # the config named it: say which file
+    # a tool module the config named: say which file
+    if isinstance(exc, _loaded_class("bot.tools.base", "ToolModuleError")):
         exc = ConfigError(config.path if config else None, [("[agent] tool_modules", str(exc))])
     if isinstance(exc, ConfigError | UsageError | HomeError):
         return 2, str(exc)
@@ -426,13 +444,26 @@ def _service(args) -> int:
 SETUP = {"init": _init, "doctor": _doctor, "service": _service}
 
 
+# Commands that only read: the config as last validated is enough for them.
+READING = ("sessions", "log", "search")
+
+
+def _config(args):
+    found = locate(args.config, args.home, os.environ, Path.cwd())
+    if args.command in READING and (snapshot := recall(found, os.environ)) is not None:
+        return snapshot
+    from bot.app.config import load_found
+
+    return load_found(found, os.environ)
+
+
 def run(args) -> int:
     """Run the parsed command; its exit code (errors printed as one line)."""
     config = None
     try:
         if args.command in SETUP:
             return SETUP[args.command](args)
-        config = load_config(args.config, args.home, os.environ, Path.cwd())
+        config = _config(args)
         check_home(config.home, _home_origin(args))
         return asyncio.run(COMMANDS[args.command](config, args))
     except KeyboardInterrupt:

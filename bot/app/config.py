@@ -9,7 +9,9 @@ from typing import Any
 from pydantic import Field
 
 from bot import config as core
+from bot.app.config_snapshot import remember
 from bot.config import ConfigError, find_config_path, resolve_home  # noqa: F401 (re-exported)
+from bot.config_source import Found, locate
 from connectors.email.config import EmailConfig
 from connectors.slack.config import SlackConfig
 
@@ -23,7 +25,15 @@ def load_config(cli_config: str | None = None, cli_home: str | None = None,
                 env: Mapping[str, str] = os.environ, cwd: Path | None = None
                 ) -> StewardConfig:
     """Find, read, validate and check the config; raise ConfigError on any problem."""
-    return core.load_config(cli_config, cli_home, env, cwd, model=StewardConfig)
+    return load_found(locate(cli_config, cli_home, env, cwd if cwd else Path.cwd()), env)
+
+
+def load_found(found: Found, env: Mapping[str, str] = os.environ) -> StewardConfig:
+    """Validate and check the config `locate` found, and remember the result for the
+    reading commands (bot/app/config_snapshot.py)."""
+    config = core.load_found(found, env, model=StewardConfig)
+    remember(config, found)
+    return config
 
 
 def build_config(data: Mapping[str, Any], *, home: Path, path: Path | None = None,
