@@ -81,6 +81,21 @@ async def test_reading_commands_on_a_current_database_load_no_heavy_code(tmp_pat
         assert not heavy, (command, sorted(heavy))
 
 
+async def test_every_reading_command_runs_on_the_config_as_last_validated(tmp_path):
+    """The listings that need SQLAlchemy still skip the validator once the config is
+    remembered (bot/app/config_snapshot.py), and read what they need of it."""
+    home = tmp_path / "home"
+    s = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
+    await s.ensure_conversation("cli:x")
+    await s.close()
+    await asyncio.to_thread(imported_running, home, ["sessions"])
+    for argv in (["tasks"], ["schedules", "--all"], ["quarantine"], ["usage"],
+                 ["doc", "cli:x", "todo"], ["search", "hello", "--session", "cli:x"]):
+        code, loaded = await asyncio.to_thread(imported_running, home, argv)
+        assert code == (1 if argv[0] == "doc" else 0), argv  # (no such document: one line)
+        assert "pydantic" not in loaded, argv
+
+
 async def test_a_reading_command_that_fails_says_so_without_loading_heavy_code(tmp_path):
     """Explaining the error must not cost what the command saved: `log` of a conversation
     that does not exist took 1.4 s, importing the agent's tools (and SQLAlchemy with them)

@@ -444,8 +444,9 @@ def _service(args) -> int:
 SETUP = {"init": _init, "doctor": _doctor, "service": _service}
 
 
-# Commands that only read: the config as last validated is enough for them.
-READING = ("sessions", "log", "search")
+# Commands that only read, and read of the config only its values (no section's methods):
+# the config as last validated is enough for them.
+READING = ("sessions", "log", "search", "tasks", "schedules", "quarantine", "usage", "doc")
 
 
 def _config(args):
