@@ -110,7 +110,18 @@ def test_a_damaged_snapshot_is_ignored(place, text):
     assert recall(found(cwd, env), env) is None
 
 
-def test_a_reading_command_reports_a_config_broken_since_it_was_remembered(place, capsys):
+@pytest.fixture
+def umask_kept():
+    """`main` sets this process's umask to 0o077, as the CLI does for its own process; the
+    rest of the test session (a Dovecot's passwd file) must not inherit it."""
+    old = os.umask(0o077)
+    os.umask(old)
+    yield
+    os.umask(old)
+
+
+def test_a_reading_command_reports_a_config_broken_since_it_was_remembered(
+        place, capsys, umask_kept):
     home, cwd, _ = place
     write_config(cwd, '[agent]\ntimezone = "UTC"\n')
     assert main(["sessions"]) == 0

@@ -139,6 +139,7 @@ class Dovecot:
         (self.root / "passwd").write_text("".join(
             f"user{n}@example.com:{{PLAIN}}{Account.password}:{uid}:{gid}::"
             f"{mail}/user{n}@example.com::\n" for n in range(1, ACCOUNTS + 1)))
+        (self.root / "passwd").chmod(0o644)  # read by Dovecot's auth user, whatever the umask
         self.port, self.tls_port = free_port(), free_port()
         write_pair(self.root)
         capability = "" if self.idle else "imap_capability = IMAP4rev1 LITERAL+ UIDPLUS"
