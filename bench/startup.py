@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     sys.path[0] = str(ROOT)  # this file's name would shadow the `store` package
 
-from store import open_store  # noqa: E402
+from store import Writes, open_store  # noqa: E402
 
 COMMANDS = (["--help"], ["sessions"], ["log", "cli:bench"], ["search", "hello"])
 FLOORS = {"python -c pass": "pass",
@@ -38,8 +38,6 @@ TARGET = 0.3
 async def make_home(home: Path) -> None:
     store = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
     try:
-        from store import Writes
-
         conv = await store.ensure_conversation("cli:bench")
         for n in range(100):
             writes = Writes()

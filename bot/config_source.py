@@ -116,10 +116,6 @@ _TOML_POSITION = re.compile(
 )
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    return parse_toml(path, read_bytes(path))
-
-
 def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()

@@ -107,7 +107,9 @@ def recall(found: Found, env: Mapping[str, str]) -> Snapshot | None:
     if not isinstance(code, list) or any(not isinstance(c, list) or not c
                                          or _stamp(c[0]) != c for c in code):
         return None
-    if not all(isinstance(n, str) and env.get(n) for n in snapshot.get("secrets", [None])):
+    secrets = snapshot.get("secrets")
+    if not isinstance(secrets, list) or not all(isinstance(n, str) and env.get(n)
+                                                for n in secrets):
         return None
     sections = snapshot.get("config")
     if not isinstance(sections, dict):
