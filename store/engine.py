@@ -92,7 +92,10 @@ class HotPool:
         self._connect = asyncpg.connect
         self._kept_after = (asyncpg.PostgresError, StoreError)  # the connection is fine
         self._dsn = dsn
-        self._settings = settings or None
+        # One plan per statement, made at its first use. Left to choose, PostgreSQL plans
+        # the claim afresh at every execution once the table has statistics (planning then
+        # costs more than running it); the generic plan reads the same indexes.
+        self._settings = {**settings, "plan_cache_mode": "force_generic_plan"}
         self._idle: list = []
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False

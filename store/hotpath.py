@@ -284,21 +284,26 @@ async def pg_update_then_claim(conn, u: TaskUpdate, c: Claim, t: float) -> list[
 async def explain_claim(engines, limit: int = 8, *, after_update: bool = False) -> str:
     """The database's plan for a claim (diagnostics, and the test that checks a claim
     reads only the rows it takes). `after_update`: PostgreSQL's statement that updates a
-    task and claims what takes its slot."""
+    task and claims what takes its slot. On PostgreSQL it is the generic plan the hot
+    path's connections run (`HotPool`), whatever the values."""
     t = now()
     c = Claim("explain", limit, 0.0)
     args = _claim_params(c, t, "" if engines.dialect == "sqlite" else [])
-    if after_update and engines.dialect != "sqlite":
-        u = TaskUpdate("explain", "explain", DONE, "")
-        async with (await engines.pool()).acquire() as conn:
-            rows = await conn.fetch(f"EXPLAIN {UPDATE_THEN_CLAIM_ASYNCPG}",
-                                    *update_params(u, t), *args)
-        return "\n".join(r[0] for r in rows)
     if engines.dialect == "sqlite":
         async with engines.read.connect() as conn:
             rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {CLAIM_SQLITE}",
                                                args)).all()
         return "\n".join(str(r[-1]) for r in rows)
+    if after_update:
+        u = TaskUpdate("explain", "explain", DONE, "")
+        sql, args = UPDATE_THEN_CLAIM_ASYNCPG, (*update_params(u, t), *args)
+    else:
+        sql = CLAIM_ASYNCPG
     async with (await engines.pool()).acquire() as conn:
-        rows = await conn.fetch(f"EXPLAIN {CLAIM_ASYNCPG}", *args)
+        await conn.execute(f"PREPARE steward_explain AS {sql}")
+        try:
+            rows = await conn.fetch(
+                f"EXPLAIN EXECUTE steward_explain({', '.join(['NULL'] * len(args))})")
+        finally:
+            await conn.execute("DEALLOCATE steward_explain")
     return "\n".join(r[0] for r in rows)
