@@ -19,6 +19,8 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    literal_column,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, REAL
 
@@ -44,6 +46,20 @@ class SafeString(_NoNul, TypeDecorator):
 
 
 metadata = MetaData()
+
+
+def _where(condition: str) -> dict:
+    """A partial index's condition, on both backends."""
+    return {"sqlite_where": text(condition), "postgresql_where": text(condition)}
+
+
+def in_state(state: str):
+    """`tasks.state = '<state>'` with the state written into the statement: a planner can
+    use a partial index (`ix_tasks_ready` ...) only for a condition it reads as that
+    index's own, which a bound parameter is not."""
+    if not state.isidentifier():  # the states are constants (store.records); keep it so
+        raise ValueError(f"not a task state: {state!r}")
+    return tasks.c.state == literal_column(f"'{state}'")
 
 conversations = Table(
     "conversations",
@@ -137,9 +153,10 @@ tasks = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     # A claim walks these in the order it takes rows (0010): due work oldest-due first,
-    # and leases nobody renews.
-    Index("ix_tasks_ready", "state", "run_after", "id"),
-    Index("ix_tasks_leases", "state", "lease_expires"),
+    # and leases nobody renews. Live work only (0014): finished tasks are in neither.
+    Index("ix_tasks_ready", "run_after", "id", **_where("state = 'pending'")),
+    Index("ix_tasks_leases", "lease_expires", **_where("state = 'running'")),
+    Index("ix_tasks_blocked", "kind", **_where("state = 'blocked'")),
     Index("ix_tasks_parent", "parent_id"),
     Index("ix_tasks_conversation_kind", "conversation_id", "kind", "id"),
 )

@@ -7,7 +7,7 @@ import logging
 from sqlalchemy import and_, case, func, or_, select, update
 
 from store.records import BLOCKED, PENDING, RUNNING, now
-from store.schema import tasks
+from store.schema import in_state, tasks
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def renew(conn, owner: str, task_ids: list[str], lease_seconds: float) -> 
 
 async def running_owners(conn) -> list[str]:
     return list((await conn.execute(select(tasks.c.lease_owner).distinct().where(
-        tasks.c.state == RUNNING, tasks.c.lease_owner.is_not(None)))).scalars())
+        in_state(RUNNING), tasks.c.lease_owner.is_not(None)))).scalars())
 
 
 async def recover(conn, *, steal_all: bool, dead_owners: list[str],
@@ -70,7 +70,7 @@ async def recover(conn, *, steal_all: bool, dead_owners: list[str],
     known dead, and expired leases), and tasks blocked for a missing definition are retried
     if their kind is now registered."""
     t = now()
-    running = tasks.c.state == RUNNING
+    running = in_state(RUNNING)
     if not steal_all:
         running = and_(running, or_(tasks.c.lease_expires < t,
                                     tasks.c.lease_owner.in_(dead_owners)))
@@ -80,7 +80,7 @@ async def recover(conn, *, steal_all: bool, dead_owners: list[str],
     unblocked = 0
     if registered_kinds:
         unblocked = (await conn.execute(
-            update(tasks).where(tasks.c.state == BLOCKED, tasks.c.kind.in_(registered_kinds))
+            update(tasks).where(in_state(BLOCKED), tasks.c.kind.in_(registered_kinds))
             .values(state=PENDING, error=None, updated_at=t))).rowcount
     return {"resumed": resumed, "unblocked": unblocked}
 
@@ -88,5 +88,5 @@ async def recover(conn, *, steal_all: bool, dead_owners: list[str],
 async def next_due(conn) -> float | None:
     """When the earliest pending task becomes due (for the runner's sleep)."""
     return (await conn.execute(
-        select(tasks.c.run_after).where(tasks.c.state == PENDING)
+        select(tasks.c.run_after).where(in_state(PENDING))
         .order_by(tasks.c.run_after).limit(1))).scalar()

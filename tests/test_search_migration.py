@@ -19,10 +19,9 @@ from sqlalchemy import text
 
 from store import Writes, open_store
 from store.engine import MIGRATIONS, create_engines, migrate
+from store.revision import HEAD  # the newest: 0008 and what came after it ran
 from store.schema import SEARCH_INDEX, metadata
 from tests.test_search import NOW, texts
-
-HEAD = "0013"  # the newest revision: 0008 and what came after it ran
 
 TARGET = "I finally went to the new climbing gym on Saturday, my arms are dead"
 ROWS = 300
