@@ -37,7 +37,7 @@ __all__ = [
     "WAITING", "Claim", "CommitResult", "Conversation", "CorruptRow", "DocumentCorrupt",
     "DocumentError", "DocumentVersion", "Entry", "Hit", "LeaseLost", "NotFound", "Schedule",
     "ScheduleAdvance", "ScheduleWrite", "Store", "StoreError", "Task", "TaskUpdate",
-    "UsageRecord", "Writes", "conversation_namespace",
+    "NewEntry", "UsageRecord", "Writes", "conversation_namespace",
     "new_id", "open_store",
 ]
 
@@ -46,8 +46,8 @@ __all__ = [
 # search (the store itself brings SQLAlchemy; the search's patterns take 12 ms to compile).
 _LAZY = {"Store": "store.store", "conversation_namespace": "store.store",
          "open_store": "store.store", "Hit": "store.search",
-         **{name: "store.writes" for name in ("Claim", "ScheduleAdvance", "ScheduleWrite",
-                                               "TaskUpdate", "Writes")}}
+         **{name: "store.writes" for name in ("Claim", "NewEntry", "ScheduleAdvance",
+                                               "ScheduleWrite", "TaskUpdate", "Writes")}}
 
 
 def __getattr__(name: str):

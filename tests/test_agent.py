@@ -98,6 +98,29 @@ async def test_turn_with_a_tool_round(make_agent):
     assert (await agent.store.usage_totals())["calls"] == 2
 
 
+async def test_tool_results_land_with_the_next_model_request(make_agent, monkeypatch):
+    # One commit, not two: the state "results recorded, next request not asked for" would
+    # protect nothing (the request is rebuilt from what landed), so they land together,
+    # and the request holds the results as if they had landed before it was built.
+    model = ScriptedModel([todo_call("buy milk"), Response(text="Added it.")])
+    agent = make_agent(model)
+    steps = []
+    commit = agent.store.commit
+
+    async def recording(writes, *args, **kwargs):
+        steps.append(([e.kind for e in writes.entries], [t.kind for t in writes.tasks]))
+        return await commit(writes, *args, **kwargs)
+
+    monkeypatch.setattr(agent.store, "commit", recording)
+    await agent.say("remember milk")
+    await agent.run()
+    with_results = [s for s in steps if "tool_result" in s[0]]
+    assert with_results == [(["tool_result"], ["llm_call"])]
+    second = model.requests[1].messages
+    assert [(m.role, m.content) for m in second[2:]] == [("assistant", ""),
+                                                         ("tool", "1. [ ] buy milk")]
+
+
 async def test_an_answered_llm_call_keeps_only_the_outline_of_its_request(make_agent):
     # The pinned request is there to repeat the call after a crash; once answered it would
     # only fill the database (a long window is hundreds of KB per call).

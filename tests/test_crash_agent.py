@@ -93,7 +93,10 @@ POINTS = {
     "after-phase:turn.after_tools": (2, 1, 1, False),
     "in-tool:safe_probe": (2, 2, 1, False),
     "in-tool:unsafe_charge": (2, 1, 1, True),
-    "after-phase:turn.llm": (2, 1, 1, False),
+    # The tool results, committed with the second model request (the state between them
+    # is gone: they land together).
+    "after-phase:turn.after_llm#2": (2, 1, 1, False),
+    "after-phase:turn.after_llm": (2, 1, 1, False),
     "after-phase:turn.delivered": (2, 1, 1, False),
     "after-result:deliver": (2, 1, 1, False),
 }

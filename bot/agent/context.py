@@ -13,7 +13,7 @@ Older images are their note in the text, and their blobs stay in the home direct
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from zoneinfo import ZoneInfo
 
 from bot.attachments import REF, BlobStore
@@ -32,7 +32,7 @@ from bot.memory.transcript import (  # noqa: F401 (WITHDRAWS, CHARS_PER_TOKEN: r
     withdrawn_by,
 )
 from bot.tools.base import known_timezone
-from store import Conversation, Entry, Store
+from store import Conversation, Entry, NewEntry, Store
 
 BASE_PROMPT = """You are {name}, a personal assistant who lives in the user's chat and mailbox.
 Be concise and concrete. Use the tools when they help; never invent their results.
@@ -374,12 +374,27 @@ def request_chars(request: Request) -> int:
                for m in request.messages) + sum(len(str(t.parameters)) for t in request.tools)
 
 
+def _with_pending(window: Window, conversation: Conversation,
+                  pending: list[NewEntry]) -> Window:
+    """`window` as it will be once `pending` (entries the calling step commits with the
+    request) has landed after it: their positions are the next ones, their ids none."""
+    added = [Entry(-n, conversation.id, conversation.last_seq + n, e.kind, e.author, e.text,
+                   e.data, e.ref, e.task_id, e.created_at or time.time())
+             for n, e in enumerate(pending, 1) if e.kind in SPOKEN]
+    return replace(window, entries=[*window.entries, *added],
+                   last_seq=conversation.last_seq + len(pending),
+                   chars=window.chars + sum(entry_chars(e) for e in added),
+                   held=window.held + sum(entry_bytes(e) for e in added))
+
+
 async def build_request(store: Store, config: Config, conversation_id: int, *,
                         tools: list[ToolSpec], model: str, upto: int | None = None,
                         facts: str = "", cache: ContextCache | None = None,
-                        recall=None) -> Assembled:
+                        recall=None, pending: list[NewEntry] = ()) -> Assembled:
     """The request for the model. `recall(conversation, text, in_window)` may return
-    memories found outside the window for the newest message; they go last but one."""
+    memories found outside the window for the newest message; they go last but one.
+    `pending`: entries of this conversation not committed yet, that the request is committed
+    with (a turn's tool results): the request holds them as if they had landed."""
     conversation = await store.get_conversation_by_id(conversation_id)
     ratio = await tokens_per_char(store, conversation_id)
     window_tokens = config.llm.context_window - config.llm.max_output_tokens
@@ -392,6 +407,8 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
         window = await cache.window(store, conversation, budget)
     else:
         window = await read_window(store, conversation, budget)
+    if pending:
+        window = _fit(_with_pending(window, conversation, pending), budget)
     if window.summary:
         prompt += ("\n\nSummary of the earlier conversation (the full messages are kept; "
                    "search_history finds them):\n" + window.summary)
@@ -425,8 +442,8 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
 
 async def assemble(store: Store, config: Config, conversation_id: int, *,
                    tools: list[ToolSpec], model: str, upto: int | None = None,
-                   cache: ContextCache | None = None, timezone: str | None = None
-                   ) -> Assembled:
+                   cache: ContextCache | None = None, timezone: str | None = None,
+                   pending: list[NewEntry] = ()) -> Assembled:
     """Exactly what the model gets for the conversation now: the window, the long-term
     facts, and what recall finds for the newest message, read in the asker's `timezone`
     (a time phrase like "last spring"; else the configured zone). The one assembly a turn,
@@ -439,4 +456,4 @@ async def assemble(store: Store, config: Config, conversation_id: int, *,
     return await build_request(
         store, config, conversation_id, tools=tools, model=model, upto=upto, cache=cache,
         facts=await facts_for(store, conversation_id, config.compaction.facts_chars),
-        recall=recalled)
+        recall=recalled, pending=pending)

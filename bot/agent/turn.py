@@ -6,7 +6,8 @@
     llm          assemble the context, spawn an llm_call, wait for it
     after_llm    record the reply; spawn one tool_call per call (they run in parallel) and
                  wait, or spawn the delivery of the final answer and wait
-    after_tools  record the tool results in call order, back to `llm`
+    after_tools  record the tool results in call order and go on as `llm` does, in the
+                 same commit
     delivered    done
 
 Every phase commits with its writes, so a crash anywhere resumes at the last phase; the
@@ -25,7 +26,7 @@ from bot.agent.inbox import ASKER, TIMEZONE, TURN
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
-from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef, Wait
+from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
 from bot.tools.permissions import (
     READS_OUTSIDE,
     Asking,
@@ -75,7 +76,9 @@ class Turn(TaskDef):
         ctx.checkpoint = {"upto": upto, "round": 0}
         return await self._phase_llm(ctx)
 
-    async def _phase_llm(self, ctx: TaskContext):
+    async def _phase_llm(self, ctx: TaskContext, pending: list = ()):
+        """`pending`: the entries this step writes before the request (the tool results),
+        which the request holds as if they had landed."""
         if (capped := await self._spending_caps(ctx)) is not None:
             return capped
         cp = ctx.checkpoint
@@ -87,7 +90,7 @@ class Turn(TaskDef):
         assembled = await assemble(self.store, config, conv_id, tools=tools,
                                    model=deps.client.model, upto=cp["upto"],
                                    cache=deps.context_cache,
-                                   timezone=ctx.inputs.get(TIMEZONE))
+                                   timezone=ctx.inputs.get(TIMEZONE), pending=pending)
         if config.compaction.enabled:
             limit = config.llm.context_window - config.llm.max_output_tokens
             full = assembled.estimated_tokens > limit or not assembled.window.complete
@@ -205,7 +208,10 @@ class Turn(TaskDef):
                 cp.setdefault("read_outside", call.name)
             ctx.writes.append(ctx.task.conversation_id, "tool_result", content, data=data,
                               task_id=ctx.task.id)
-        return Continue("llm", cp)
+        # Straight on to the next LLM call, in the commit that records the results: the
+        # request is built as if they had landed, and lands with them or not at all.
+        ctx.checkpoint = cp
+        return await self._phase_llm(ctx, pending=list(ctx.writes.entries))
 
     async def poisoned(self, ctx: TaskContext, reason: str):
         """Working on this message keeps killing the process: the person is told, once (the

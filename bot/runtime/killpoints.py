@@ -6,17 +6,23 @@ it reaches that point (for a task of that kind). Points in the runtime: `after-i
 run: every life that reaches it dies, a poison), `after-effect` (the effect returned,
 its result is not committed yet), `after-result` (the result is committed), `after-phase` with
 `KIND.PHASE` (a workflow phase was committed, e.g. `after-phase:turn.after_tools`);
-effects may add their own, such as `in-effect`. Unset in production, where this is one dict lookup.
+effects may add their own, such as `in-effect`. A suffix `#N` kills the N-th time instead
+(`after-phase:turn.after_llm#2`: the second model request of a turn, committed with the
+first round's tool results). Unset in production, where this is one dict lookup.
 """
 
 import os
 import signal
 
-_TARGET = os.environ.get("STEWARD_KILL_AT", "")
+_TARGET, _, _NTH = os.environ.get("STEWARD_KILL_AT", "").partition("#")
+_reached = 0
 
 
 def kill_point(point: str, kind: str = "") -> None:
+    global _reached
     if not _TARGET:
         return
     if _TARGET == point or (kind and _TARGET == f"{point}:{kind}"):
-        os.kill(os.getpid(), signal.SIGKILL)
+        _reached += 1
+        if _reached >= int(_NTH or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
