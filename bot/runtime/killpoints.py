@@ -14,7 +14,8 @@ first round's tool results). Unset in production, where this is one dict lookup.
 import os
 import signal
 
-_TARGET, _, _NTH = os.environ.get("STEWARD_KILL_AT", "").partition("#")
+_TARGET, _, _nth = os.environ.get("STEWARD_KILL_AT", "").partition("#")
+_NTH = int(_nth or 1)
 _reached = 0
 
 
@@ -24,5 +25,5 @@ def kill_point(point: str, kind: str = "") -> None:
         return
     if _TARGET == point or (kind and _TARGET == f"{point}:{kind}"):
         _reached += 1
-        if _reached >= int(_NTH or 1):
+        if _reached >= _NTH:
             os.kill(os.getpid(), signal.SIGKILL)
