@@ -7,7 +7,9 @@ usage, then the task update, which wakes a waiting parent when a child settles, 
 the wakes of sleeping tasks.
 """
 
-from sqlalchemy import and_, exists, insert, not_, or_, select, update
+from collections.abc import Callable
+
+from sqlalchemy import and_, bindparam, exists, insert, not_, or_, select, update
 
 from store import schedules as _schedules
 from store.documents import versions
@@ -32,7 +34,11 @@ class DuplicateSubmission(Exception):
     message, a schedule's occurrence) was already applied once."""
 
 
-async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
+async def apply(conn, dialect: str, writes: Writes, *,
+                fenced: Callable[[TaskUpdate, float], None] | None = None) -> CommitResult:
+    """`fenced(update, t)`: the task update (without `wake_if_settled`) and the wake it
+    owes, done another way in this same transaction (SQLite's fixed statements,
+    `hotpath.sqlite_update`); by default the statements below."""
     result = CommitResult()
     t = now()
     await _submissions(conn, dialect, writes, t)
@@ -47,7 +53,7 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
             dedupe_key=nt.dedupe_key, attempts=0, run_after=max(nt.run_after, t),
             created_at=t, updated_at=t)
         if nt.dedupe_key is None:
-            await conn.execute(insert(tasks).values(**values))
+            await conn.execute(_INSERT_TASK, values)
             result.task_ids.append(nt.id)
             continue
         await conn.execute(insert_ignore(dialect, tasks, "dedupe_key").values(**values))
@@ -76,8 +82,11 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     for sw in writes.schedules:
         await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
 
-    if writes.task_update is not None:
-        await _update_task(conn, writes.task_update, t)
+    if (u := writes.task_update) is not None:
+        if fenced is not None and not u.wake_if_settled:
+            fenced(u, t)
+        else:
+            await _update_task(conn, u, t)
 
     if writes.withdrawals:
         await _withdraw_tasks(conn, writes, t)
@@ -199,18 +208,26 @@ async def _lock_rows(conn, task_ids: list[str], share: bool = False) -> None:
                            .order_by(tasks.c.id).with_for_update(read=share))
 
 
-async def wake_if_ready(conn, task_id: str, t: float) -> None:
-    """Move a waiting task back to pending when its wait is over: every child settled
-    (mode `all`), or any child failed (mode `fail_fast`)."""
+def _wake_statement():
     child = tasks.alias("child")
     unsettled = exists().where(child.c.parent_id == tasks.c.id,
                                child.c.state.not_in(list(TERMINAL)))
     failed_child = exists().where(child.c.parent_id == tasks.c.id, child.c.state == FAILED)
     fail_fast = and_(tasks.c.wait_mode == "fail_fast", failed_child)
-    await conn.execute(
-        update(tasks).where(tasks.c.id == task_id, tasks.c.state == WAITING,
-                            or_(not_(unsettled), fail_fast))
-        .values(state=PENDING, run_after=0.0, updated_at=t))
+    return (update(tasks).where(tasks.c.id == bindparam("waiting"), tasks.c.state == WAITING,
+                                or_(not_(unsettled), fail_fast))
+            .values(state=PENDING, run_after=0.0, updated_at=bindparam("at")))
+
+
+# Built once: making them anew cost more than running them (an alias, two EXISTS).
+_WAKE = _wake_statement()
+_INSERT_TASK = insert(tasks)
+
+
+async def wake_if_ready(conn, task_id: str, t: float) -> None:
+    """Move a waiting task back to pending when its wait is over: every child settled
+    (mode `all`), or any child failed (mode `fail_fast`)."""
+    await conn.execute(_WAKE, {"waiting": task_id, "at": t})
 
 
 # -- withdrawals: tasks finished before they ever ran (e.g. a deleted question) ------------

@@ -12,7 +12,8 @@ tightened to 0600 on open.
 
 The store's own write transactions on SQLite run on one thread that owns a connection of
 its own (`store/writer.py`, with group commit); the write engine here serves migrations and
-the few writers outside the store.
+the few writers outside the store. Its reads run on reader threads of their own
+(`store/read_pool.py`), one hop each; the read engine serves the rest.
 
 PostgreSQL (asyncpg): an engine for reads (each connection pinged before use) and one for
 writes (never pinged: a dead connection fails its transaction, which is retried like any
@@ -37,6 +38,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from store import revision
 from store.errors import StoreError
+from store.read_pool import SqliteReaders
 from store.writer import SqliteWriter
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -55,6 +57,7 @@ class Engines:
     read: AsyncEngine
     dialect: str
     writer: SqliteWriter | None = None  # SQLite: the store's own write transactions
+    readers: SqliteReaders | None = None  # SQLite (a file): the store's own reads
     pg_dsn: str | None = None  # PostgreSQL: for the hot path's pool
     pg_settings: dict = field(default_factory=dict)
     _pool: "HotPool | None" = None
@@ -68,6 +71,8 @@ class Engines:
     async def dispose(self) -> None:
         if self.writer is not None:
             await self.writer.close()
+        if self.readers is not None:
+            await self.readers.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -166,6 +171,14 @@ def _writer_connection(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _reader_connection(path: str) -> sqlite3.Connection:
+    """A reader thread's connection (store/read_pool.py), which may never write."""
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> AsyncEngine:
     engine = create_async_engine(
         url,
@@ -218,7 +231,11 @@ def create_engines(url_text: str) -> Engines:
         write = _sqlite_engine(url, immediate=True, pool_size=1)
         read = _sqlite_engine(url, immediate=False, pool_size=4)
         writer = SqliteWriter(lambda: _writer_connection(database or ":memory:"))
-        return Engines(write=write, read=read, dialect="sqlite", writer=writer)
+        readers = None
+        if database and database != ":memory:":  # one database only when it is a file
+            readers = SqliteReaders(lambda: _reader_connection(database))
+        return Engines(write=write, read=read, dialect="sqlite", writer=writer,
+                       readers=readers)
     if backend == "postgresql":
         connect_args = {}
         schema = url.query.get("schema")

@@ -70,6 +70,7 @@ class Store:
         self.dialect = engines.dialect
         self._liveness: dict = {}  # runner owner -> the connection holding its liveness lock
         self._writer = engines.writer  # SQLite: every write transaction of the store
+        self._readers = engines.readers  # SQLite: the store's own reads
         # The parent of each task this store claimed (None: it has none), so a result that
         # wakes no parent can be one statement on PostgreSQL, and on SQLite one that need
         # not read the parent back. Parents never change.
@@ -130,7 +131,10 @@ class Store:
                 _hot.sqlite_update(s.raw, update, t, parent)
                 result = CommitResult()
             else:
-                result = s.inline(lambda conn: _commit.apply(conn, self.dialect, writes))
+                result = s.inline(lambda conn: _commit.apply(
+                    conn, self.dialect, writes,
+                    fenced=lambda u, t: _hot.sqlite_update(s.raw, u, t, self._parents.get(
+                        u.task_id, "?"))))
             if then_claim is not None:  # its own clock: what the step spawned is due
                 result.claimed = _hot.sqlite_claim(s.raw, then_claim, now())
             return result
@@ -182,9 +186,30 @@ class Store:
 
         return await self._write(ensure)
 
-    async def _conversation(self, condition, missing: str) -> Conversation:
+    async def _read(self, fn):
+        """`await fn(conn)` on a read connection: on SQLite one hop to a reader thread,
+        where it runs whole (`store/read_pool.py`; `fn` awaits only `conn.execute`), else
+        a connection of the read engine."""
+        if self._readers is not None:
+            return await self._readers.run(fn)
         async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(conversations).where(condition))).first()
+            return await fn(conn)
+
+    async def _first(self, statement):
+        """The first row `statement` reads, or None."""
+        async def read(conn):
+            return (await conn.execute(statement)).first()
+
+        return await self._read(read)
+
+    async def _all(self, statement) -> list:
+        async def read(conn):
+            return (await conn.execute(statement)).all()
+
+        return await self._read(read)
+
+    async def _conversation(self, condition, missing: str) -> Conversation:
+        row = await self._first(select(conversations).where(condition))
         if row is None:
             raise NotFound(missing)
         return conversation_from_row(row)
@@ -194,8 +219,7 @@ class Store:
         return self._engines.read.connect()
 
     async def get_conversation(self, key: str) -> Conversation:
-        async with self.reading() as conn:
-            return await _reads.conversation(conn, key)
+        return await self._read(lambda conn: _reads.conversation(conn, key))
 
     async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
         return await self._conversation(conversations.c.id == conversation_id,
@@ -203,8 +227,7 @@ class Store:
 
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:
-        async with self.reading() as conn:
-            return await _reads.conversations_page(conn, limit, before_id)
+        return await self._read(lambda conn: _reads.conversations_page(conn, limit, before_id))
 
     async def fork(self, key: str, new_key: str, *, at_seq: int | None = None) -> Conversation:
         """A new conversation that sees `key`'s entries up to `at_seq` (default: all of
@@ -237,24 +260,21 @@ class Store:
         """One page of a transcript in order, by cursor: the `limit` entries just before
         position `before` (default: the newest), or just after position `after`. A fork's
         page includes its ancestors' entries up to the fork point."""
-        async with self.reading() as conn:
-            return await _reads.entries_page(conn, conversation_id, before=before, after=after,
-                                             limit=limit)
+        return await self._read(lambda conn: _reads.entries_page(
+            conn, conversation_id, before=before, after=after, limit=limit))
 
     async def entry_of_task(self, conversation_id: int, task_id: str) -> Entry | None:
         """The first entry a task wrote in a conversation (e.g. a turn's user message)."""
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(
-                select(entries).where(entries.c.task_id == task_id,
-                                      entries.c.conversation_id == conversation_id)
-                .order_by(entries.c.seq).limit(1))).first()
+        row = await self._first(
+            select(entries).where(entries.c.task_id == task_id,
+                                  entries.c.conversation_id == conversation_id)
+            .order_by(entries.c.seq).limit(1))
         return None if row is None else entry_from_row(row)
 
     # -- tasks -------------------------------------------------------------------------
 
     async def get_task(self, task_id: str) -> Task:
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(tasks).where(tasks.c.id == task_id))).first()
+        row = await self._first(select(tasks).where(tasks.c.id == task_id))
         if row is None:
             raise NotFound(f"no task {task_id}")
         return task_from_row(row, lenient=True)
@@ -279,35 +299,30 @@ class Store:
             query = query.where(tasks.c.id > after_id)
         if before_id is not None:
             query = query.where(tasks.c.id < before_id)
-        async with self._engines.read.connect() as conn:
-            return [task_from_row(r, lenient=True) for r in (await conn.execute(query)).all()]
+        return [task_from_row(r, lenient=True) for r in await self._all(query)]
 
     async def last_result(self, *, kind: str, conversation_id: int) -> Any:
         """The result of the newest finished task of a kind in a conversation (only that
         column is read: task inputs can be large)."""
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(
-                select(tasks.c.id, tasks.c.result)
-                .where(tasks.c.conversation_id == conversation_id, tasks.c.kind == kind,
-                       tasks.c.state == DONE)
-                .order_by(tasks.c.id.desc()).limit(1))).first()
+        row = await self._first(
+            select(tasks.c.id, tasks.c.result)
+            .where(tasks.c.conversation_id == conversation_id, tasks.c.kind == kind,
+                   tasks.c.state == DONE)
+            .order_by(tasks.c.id.desc()).limit(1))
         return None if row is None else loads(row.result, table="tasks", row_id=row.id,
                                                 column="result")
 
     async def task_outcome(self, task_id: str) -> tuple[str, Any, str | None]:
         """(state, result, error) of a task, without reading its inputs."""
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(tasks.c.state, tasks.c.result, tasks.c.error)
-                                      .where(tasks.c.id == task_id))).first()
+        row = await self._first(select(tasks.c.state, tasks.c.result, tasks.c.error)
+                                .where(tasks.c.id == task_id))
         if row is None:
             raise NotFound(f"no task {task_id}")
         return row.state, loads(row.result, table="tasks", row_id=task_id,
                                 column="result"), row.error
 
     async def count_tasks(self) -> dict[str, int]:
-        async with self._engines.read.connect() as conn:
-            rows = (await conn.execute(select(tasks.c.state, func.count())
-                                       .group_by(tasks.c.state))).all()
+        rows = await self._all(select(tasks.c.state, func.count()).group_by(tasks.c.state))
         return {state: n for state, n in rows}
 
     async def claim_tasks(self, owner: str, limit: int, lease_seconds: float) -> list[Task]:
@@ -395,56 +410,49 @@ class Store:
             conn, steal_all=steal_all, dead_owners=dead, registered_kinds=registered_kinds))
 
     async def next_due(self) -> float | None:
-        async with self._engines.read.connect() as conn:
-            return await _tasks.next_due(conn)
+        return await self._read(_tasks.next_due)
 
     # -- schedules ---------------------------------------------------------------------
 
     async def list_schedules(self, *, state: str | None = None,
                              conversation_id: int | None = None,
                              limit: int = 100) -> list[Schedule]:
-        async with self._engines.read.connect() as conn:
-            return await _schedules.listing(conn, state=state, conversation_id=conversation_id,
-                                            limit=limit)
+        return await self._read(lambda conn: _schedules.listing(
+            conn, state=state, conversation_id=conversation_id, limit=limit))
 
     async def get_schedule(self, schedule_id: str) -> Schedule:
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(schedules_table)
-                                      .where(schedules_table.c.id == schedule_id))).first()
+        row = await self._first(select(schedules_table)
+                                .where(schedules_table.c.id == schedule_id))
         if row is None:
             raise NotFound(f"no schedule {schedule_id}")
         return schedule_from_row(row)
 
     async def due_schedules(self, t: float, *, limit: int = 100) -> list[Schedule]:
-        async with self._engines.read.connect() as conn:
-            return await _schedules.due(conn, t, limit)
+        return await self._read(lambda conn: _schedules.due(conn, t, limit))
 
     async def next_schedule_time(self) -> float | None:
-        async with self._engines.read.connect() as conn:
-            return await _schedules.next_time(conn)
+        return await self._read(_schedules.next_time)
 
     # -- documents, submissions, usage -------------------------------------------------
 
     async def read_document(self, namespace: str, name: str, *, as_of_seq: int | None = None,
                             version: int | None = None) -> DocumentVersion:
-        async with self._engines.read.connect() as conn:
-            v, value, conversation_id, at_seq = await _versions.read(
-                conn, namespace, name, as_of_seq=as_of_seq, version=version)
+        v, value, conversation_id, at_seq = await self._read(lambda conn: _versions.read(
+            conn, namespace, name, as_of_seq=as_of_seq, version=version))
         return DocumentVersion(namespace, name, v, value, conversation_id, at_seq)
 
     async def submission_state(self, channel: str, external_id: str) -> dict[str, Any] | None:
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(submissions).where(
-                submissions.c.channel == channel, submissions.c.external_id == external_id))
-            ).first()
+        row = await self._first(select(submissions).where(
+            submissions.c.channel == channel, submissions.c.external_id == external_id))
         return None if row is None else dict(row._mapping)
 
     async def known_submissions(self, channel: str, external_ids: list[str]) -> set[str]:
         """Which of `external_ids` the channel has already taken in (a batch's dedupe)."""
         stored = {storable(x): x for x in external_ids}  # as the column keeps them
         ids = list(stored)
-        found: set[str] = set()
-        async with self._engines.read.connect() as conn:
+
+        async def read(conn) -> set[str]:
+            found: set[str] = set()
             for i in range(0, len(ids), _KNOWN_PER_QUERY):
                 part = ids[i:i + _KNOWN_PER_QUERY]
                 if self.dialect == "postgresql":
@@ -454,7 +462,9 @@ class Store:
                         submissions.c.channel == channel,
                         submissions.c.external_id.in_(part)))
                 found.update(stored[r[0]] for r in rows)
-        return found
+            return found
+
+        return await self._read(read)
 
     async def list_submissions(self, *, state: str | None = None, channel: str | None = None,
                                limit: int = 100) -> list[dict[str, Any]]:
@@ -465,15 +475,13 @@ class Store:
             query = query.where(submissions.c.state == state)
         if channel is not None:
             query = query.where(submissions.c.channel == channel)
-        async with self._engines.read.connect() as conn:
-            return [dict(r._mapping) for r in (await conn.execute(query)).all()]
+        return [dict(r._mapping) for r in await self._all(query)]
 
     async def usage_totals(self) -> dict[str, Any]:
-        async with self._engines.read.connect() as conn:
-            row = (await conn.execute(select(
-                func.count(), func.coalesce(func.sum(usage.c.input_tokens), 0),
-                func.coalesce(func.sum(usage.c.output_tokens), 0),
-                func.coalesce(func.sum(usage.c.cost_usd), 0.0)))).one()
+        row = await self._first(select(
+            func.count(), func.coalesce(func.sum(usage.c.input_tokens), 0),
+            func.coalesce(func.sum(usage.c.output_tokens), 0),
+            func.coalesce(func.sum(usage.c.cost_usd), 0.0)))
         return {"calls": row[0], "input_tokens": row[1], "output_tokens": row[2],
                 "cost_usd": row[3]}
 
@@ -485,8 +493,7 @@ class Store:
         if owner is not None:
             query = query.where(usage.c.conversation_id.in_(
                 select(conversations.c.id).where(conversations.c.owner == owner)))
-        async with self._engines.read.connect() as conn:
-            return float((await conn.execute(query)).scalar_one())
+        return float((await self._first(query))[0])
 
     async def spend_report(self, since: float, *, day_offset: float = 0.0) -> list[dict]:
         """The ledger since `since` by person (the conversation's owner), model and day:
@@ -503,8 +510,7 @@ class Store:
                  .where(usage.c.created_at >= since)
                  .group_by(conversations.c.owner, usage.c.model, day)
                  .order_by(day, func.coalesce(conversations.c.owner, ""), usage.c.model))
-        async with self._engines.read.connect() as conn:
-            rows = (await conn.execute(query)).all()
+        rows = await self._all(query)
         return [{"owner": r[0], "model": r[1], "day": int(r[2]), "calls": r[3],
                  "input_tokens": int(r[4] or 0), "output_tokens": int(r[5] or 0),
                  "cost": float(r[6] or 0.0)} for r in rows]
@@ -514,10 +520,9 @@ class Store:
     async def shared_scopes_of(self, owner: str) -> list[str]:
         """The shared scopes (channels) in which `owner` has talked with Steward: what that
         person may also search from their private conversations."""
-        async with self._engines.read.connect() as conn:
-            rows = await conn.execute(select(conversations.c.scope).distinct().where(
-                conversations.c.owner == owner, conversations.c.scope.like("channel:%")))
-            return sorted(r[0] for r in rows)
+        rows = await self._all(select(conversations.c.scope).distinct().where(
+            conversations.c.owner == owner, conversations.c.scope.like("channel:%")))
+        return sorted(r[0] for r in rows)
 
     async def search(self, query: str, *, scopes: list[str] | None = None,
                      conversation_key: str | None = None, limit: int = 10, offset: int = 0,

@@ -48,7 +48,7 @@ def run_inline(coro: Coroutine) -> Any:
     except StopIteration as done:
         return done.value
     coro.close()
-    raise RuntimeError("a write job awaited something other than its connection")
+    raise RuntimeError("a store job awaited something other than its connection")
 
 
 class Session:
@@ -190,12 +190,12 @@ class SqliteWriter:
     def _answer(answers) -> None:
         for (_, loop, future), value, exc in answers:
             try:
-                loop.call_soon_threadsafe(_settle, future, value, exc)
+                loop.call_soon_threadsafe(settle, future, value, exc)
             except RuntimeError:  # that caller's event loop is gone
                 log.debug("write answered after its event loop closed")
 
 
-def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+def settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
     if future.cancelled():
         return
     if exc is not None:

@@ -9,12 +9,13 @@ import pytest
 from bot.agent.context import build_request, to_messages
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
+from bot.agent.llm_call import LLMCall, pin, pinned
 from bot.app.config import build_config
 from bot.app.wiring import build_registry
 from bot.llm.errors import AuthError, RateLimited
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
-from bot.llm.types import Response, ToolCall, Usage
+from bot.llm.types import Message, Request, Response, ToolCall, Usage
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox, builtin_tools
 from connectors.terminal import TerminalChannel
@@ -132,11 +133,32 @@ async def test_an_answered_llm_call_keeps_only_the_outline_of_its_request(make_a
     assert [c.state for c in calls] == [DONE, DONE]
     for call, sent in zip(sorted(calls, key=lambda c: c.created_at), model.requests,
                           strict=True):
-        assert "request" not in call.inputs
+        assert "request" not in call.inputs and "request_json" not in call.inputs
         outline = call.inputs["request_outline"]
         assert outline["messages"] == len(sent.messages)
         assert outline["tools"] == len(sent.tools) > 0
         assert outline["chars"] > 100
+
+
+def test_a_request_pinned_by_an_earlier_build_is_still_sent_and_outlined():
+    # Calls pinned before the request became one JSON text may be resumed after an upgrade.
+    request = Request(model="m", tools=[], messages=[
+        Message(role="system", content="be brief"), Message(role="user", content="héllo"),
+        Message(role="assistant", tool_calls=[ToolCall(id="c1", name="t", arguments={"a": 1})]),
+        Message(role="tool", content="done", tool_call_id="c1", name="t")])
+    earlier = {"request": request.model_dump(mode="json"), "channel": "cli"}
+    assert pinned(earlier) == request == pinned(pin(request))
+
+    class Ctx:
+        inputs = earlier
+
+    kept = LLMCall(None).settled_inputs(Ctx)
+    assert kept["channel"] == "cli" and "request" not in kept
+    assert kept["request_outline"]["messages"] == 4
+    Ctx.inputs = {**pin(request), "channel": "cli"}
+    kept = LLMCall(None).settled_inputs(Ctx)
+    assert set(kept) == {"channel", "request_outline"}
+    assert kept["request_outline"]["chars"] == len(request.model_dump_json())
 
 
 async def test_parallel_tool_calls_are_answered_in_call_order(make_agent):

@@ -4,6 +4,7 @@ written by an `llm_call` (quiet: no channel shows it), and appends it as the con
 new head (see that module for the rules)."""
 
 from bot.agent.deps import AgentDeps
+from bot.agent.llm_call import pin
 from bot.llm.types import Message, Request
 from bot.memory.compaction import KIND, choose_cut, transcript_between
 from bot.memory.transcript import head_of, tokens_per_char
@@ -51,8 +52,7 @@ class Compact(TaskDef):
                                   Message(role="system",
                                           content=SUMMARY_PROMPT.format(words=words)),
                                   Message(role="user", content=user)])
-            call = ctx.spawn("llm_call", {"request": request.model_dump(mode="json"),
-                                          "quiet": True})
+            call = ctx.spawn("llm_call", {**pin(request), "quiet": True})
             return Wait("summarized", {"cut": upto, "after": after, "call": call})
         cp = ctx.checkpoint
         state, result, error = await store.task_outcome(cp["call"])

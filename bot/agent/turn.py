@@ -23,6 +23,7 @@ from bot.agent.compact import KIND as COMPACT
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import ASKER, TIMEZONE, TURN
+from bot.agent.llm_call import pin
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
@@ -103,7 +104,7 @@ class Turn(TaskDef):
                 # Approaching it: summarise in the background while this turn goes on.
                 ctx.writes.spawn(COMPACT, {"reason": "window filling"}, conversation_id=conv_id)
         # Where the answer goes rides along, so a channel can show the streamed text.
-        llm_task = ctx.spawn("llm_call", {"request": assembled.request.model_dump(mode="json"),
+        llm_task = ctx.spawn("llm_call", {**pin(assembled.request),
                                           "channel": ctx.inputs.get("channel", "cli"),
                                           "reply_to": ctx.inputs.get("reply_to", {})})
         return Wait("after_llm", {**cp, "llm_task": llm_task})

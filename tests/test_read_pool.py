@@ -1,0 +1,128 @@
+"""SQLite's reader threads (store/read_pool.py): a read is one job on a thread of its own
+connection, sees one snapshot, never writes, never waits for the writer, and fails alone."""
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+from sqlalchemy import select, text
+
+from store import NotFound, Writes, open_store
+from store.read_pool import SqliteReaders
+from store.schema import conversations
+
+sqlite_only = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+
+
+@sqlite_only
+async def test_the_stores_reads_run_on_its_reader_threads(store):
+    conv = await store.ensure_conversation("k")
+    writes = Writes()
+    writes.append(conv.id, "user", "hello")
+    await store.commit(writes)
+    seen = []
+
+    async def where(conn):
+        seen.append(threading.current_thread().name)
+        return (await conn.execute(select(conversations.c.last_seq))).scalar()
+
+    assert await store._read(where) == 1
+    assert seen[0].startswith("steward-sqlite-reader")
+    assert [e.text for e in await store.entries_page(conv.id)] == ["hello"]
+    with pytest.raises(NotFound):  # raised on the reader thread, heard here
+        await store.get_task("missing")
+
+
+@sqlite_only
+async def test_a_read_sees_one_snapshot_while_the_writer_commits(store):
+    conv = await store.ensure_conversation("k")
+    landed = threading.Event()
+    go_on = threading.Event()
+
+    async def twice(conn):
+        before = (await conn.execute(text("SELECT last_seq FROM conversations"))).scalar()
+        go_on.set()
+        landed.wait(10)  # the writer commits between the two statements of this read
+        after = (await conn.execute(text("SELECT last_seq FROM conversations"))).scalar()
+        return before, after
+
+    reading = asyncio.create_task(store._read(twice))
+    await asyncio.to_thread(go_on.wait, 10)
+    writes = Writes()
+    writes.append(conv.id, "user", "meanwhile")
+    await store.commit(writes)  # WAL: the reader holds no lock the writer waits for
+    landed.set()
+    assert await reading == (0, 0)
+    assert (await store.get_conversation("k")).last_seq == 1
+
+
+@sqlite_only
+async def test_a_read_cannot_write(store):
+    async def sneak(conn):
+        await conn.execute(text("DELETE FROM conversations"))
+
+    await store.ensure_conversation("k")
+    with pytest.raises(Exception, match="readonly|read-only|attempt to write"):
+        await store._read(sneak)
+    assert (await store.get_conversation("k")).key == "k"
+
+
+async def test_more_reads_than_threads_all_finish_and_a_failing_one_fails_alone(tmp_path):
+    path = tmp_path / "r.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE t (n INTEGER)")
+    db.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    db.commit()
+    db.close()
+    readers = SqliteReaders(lambda: sqlite3.connect(path, isolation_level=None,
+                                                    check_same_thread=False), max_threads=3)
+    names = set()
+
+    def reading(i):
+        async def read(conn):
+            names.add(threading.current_thread().name)
+            if i == 7:
+                raise ValueError("this one")
+            return (await conn.execute(text("SELECT sum(n) FROM t WHERE n < :i"),
+                                       {"i": i})).scalar()
+        return read
+
+    try:
+        results = await asyncio.gather(*(readers.run(reading(i)) for i in range(50)),
+                                       return_exceptions=True)
+    finally:
+        await readers.close()
+    assert isinstance(results[7], ValueError)
+    assert [r for i, r in enumerate(results) if i != 7] == \
+        [sum(range(i)) if i else None for i in range(50) if i != 7]
+    assert 1 <= len(names) <= 3
+    assert not any(t.name.startswith("steward-sqlite-reader") and t.is_alive()
+                   for t in threading.enumerate() if t.name in names)
+
+
+async def test_a_reader_that_cannot_open_fails_the_read_with_the_reason(tmp_path):
+    def broken():
+        raise sqlite3.OperationalError("unable to open database file")
+
+    readers = SqliteReaders(broken, max_threads=2)
+    try:
+        async with asyncio.timeout(10):  # never a hang
+            with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+                await readers.run(lambda conn: conn.execute(text("SELECT 1")))
+    finally:
+        await readers.close()
+
+
+async def test_a_store_on_a_file_reads_through_its_readers_and_closes_them(tmp_path):
+    before = set(threading.enumerate())
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 's.db'}")
+    await store.ensure_conversation("k")
+    await store.get_conversation("k")
+    threads = [t for t in set(threading.enumerate()) - before
+               if t.name.startswith("steward-sqlite-reader")]
+    assert threads
+    await store.close()
+    for t in threads:
+        t.join(5)
+    assert not any(t.is_alive() for t in threads)
