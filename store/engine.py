@@ -15,10 +15,11 @@ its own (`store/writer.py`, with group commit); the write engine here serves mig
 the few writers outside the store. Its reads run on reader threads of their own
 (`store/read_pool.py`), one hop each; the read engine serves the rest.
 
-PostgreSQL (asyncpg): an engine for reads (each connection pinged before use) and one for
-writes (never pinged: a dead connection fails its transaction, which is retried like any
-failed commit), plus a pool of bare asyncpg connections for the task queue's fixed
-statements (`store/hotpath.py`, `HotPool`). A `schema` query parameter on the URL (our
+PostgreSQL (asyncpg): an engine for reads (each connection pinged before use), one for the
+store's own lookups (autocommitted, never pinged), and one for writes (never pinged: a dead
+connection fails its transaction, which is retried like any failed commit), plus a pool of
+bare asyncpg connections for the task queue's fixed statements (`store/hotpath.py`,
+`HotPool`). A `schema` query parameter on the URL (our
 extension) selects a search_path, which the tests use for isolation.
 """
 
@@ -58,6 +59,7 @@ class Engines:
     dialect: str
     writer: SqliteWriter | None = None  # SQLite: the store's own write transactions
     readers: SqliteReaders | None = None  # SQLite (a file): the store's own reads
+    lookups: AsyncEngine | None = None  # PostgreSQL: the store's own reads (see below)
     pg_dsn: str | None = None  # PostgreSQL: for the hot path's pool
     pg_settings: dict = field(default_factory=dict)
     _pool: "HotPool | None" = None
@@ -79,6 +81,8 @@ class Engines:
         await self.write.dispose()
         if self.read is not self.write:
             await self.read.dispose()
+        if self.lookups is not None:
+            await self.lookups.dispose()
 
 
 class HotPool:
@@ -246,9 +250,16 @@ def create_engines(url_text: str) -> Engines:
                                     connect_args=connect_args)
         read = create_async_engine(url, pool_size=5, max_overflow=10,
                                    connect_args=connect_args, pool_pre_ping=True)
+        # The store's lookups: each statement its own transaction (under read committed a
+        # statement sees its own snapshot anyway), no ping before use (`Store._read` tries
+        # again once on a connection found dead): one round trip where the read engine's
+        # ping, BEGIN and ROLLBACK made four. Searches keep the read engine: they set
+        # planner options for their transaction.
+        lookups = create_async_engine(url, pool_size=5, max_overflow=10,
+                                      connect_args=connect_args, isolation_level="AUTOCOMMIT")
         dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         return Engines(write=write, read=read, dialect="postgresql", pg_dsn=dsn,
-                       pg_settings=connect_args.get("server_settings", {}))
+                       pg_settings=connect_args.get("server_settings", {}), lookups=lookups)
     raise StoreError(f"unsupported store url {url_text!r}: use sqlite+aiosqlite or "
                      "postgresql+asyncpg")
 

@@ -4,6 +4,7 @@ import logging
 from typing import Any
 
 from sqlalchemy import Integer, cast, func, insert, select, text
+from sqlalchemy.exc import DBAPIError
 
 from store import commit as _commit
 from store import hotpath as _hot
@@ -188,11 +189,21 @@ class Store:
 
     async def _read(self, fn):
         """`await fn(conn)` on a read connection: on SQLite one hop to a reader thread,
-        where it runs whole (`store/read_pool.py`; `fn` awaits only `conn.execute`), else
-        a connection of the read engine."""
+        where it runs whole (`store/read_pool.py`; `fn` awaits only `conn.execute`), on
+        PostgreSQL a lookup connection (store/engine.py), autocommitted."""
         if self._readers is not None:
             return await self._readers.run(fn)
-        async with self._engines.read.connect() as conn:
+        engine = self._engines.lookups or self._engines.read
+        try:
+            async with engine.connect() as conn:
+                return await fn(conn)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            # A pooled connection the server dropped (a restart, a broken network), and
+            # with it the pool's others: a read is safe to send again, on a new one.
+            log.info("store: a read's connection was gone; reading again")
+        async with engine.connect() as conn:
             return await fn(conn)
 
     async def _first(self, statement):

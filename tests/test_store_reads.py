@@ -1,5 +1,7 @@
-"""SQLite's reader threads (store/read_pool.py): a read is one job on a thread of its own
-connection, sees one snapshot, never writes, never waits for the writer, and fails alone."""
+"""The store's own reads. SQLite: on reader threads (store/read_pool.py), a read is one job
+on a thread of its own connection, sees one snapshot, never writes, never waits for the
+writer, and fails alone. PostgreSQL: lookups are autocommitted and never pinged, so a
+connection the server dropped is found by the read itself, which is sent again."""
 
 import asyncio
 import sqlite3
@@ -13,6 +15,7 @@ from store.read_pool import SqliteReaders
 from store.schema import conversations
 
 sqlite_only = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+postgres_only = pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
 
 
 @sqlite_only
@@ -126,3 +129,18 @@ async def test_a_store_on_a_file_reads_through_its_readers_and_closes_them(tmp_p
     for t in threads:
         t.join(5)
     assert not any(t.is_alive() for t in threads)
+
+
+@postgres_only
+async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
+    await store.ensure_conversation("k")
+
+    async def backend(conn):
+        return (await conn.execute(text("SELECT pg_backend_pid()"))).scalar()
+
+    pid = await store._read(backend)  # the lookup connection now idle in the pool
+    async with store._engines.write.connect() as conn:
+        assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                ).scalar()
+    assert (await store.get_conversation("k")).key == "k"
+    assert await store._read(backend) != pid
