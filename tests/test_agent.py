@@ -9,7 +9,8 @@ import pytest
 from bot.agent.context import build_request, to_messages
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.agent.llm_call import LLMCall, pin, pinned
+from bot.agent.llm_call import LLMCall
+from bot.agent.pinned import Pinned, pin, pinned
 from bot.app.config import build_config
 from bot.app.wiring import build_registry
 from bot.llm.errors import AuthError, RateLimited
@@ -159,6 +160,20 @@ def test_a_request_pinned_by_an_earlier_build_is_still_sent_and_outlined():
     kept = LLMCall(None).settled_inputs(Ctx)
     assert set(kept) == {"channel", "request_outline"}
     assert kept["request_outline"]["chars"] == len(request.model_dump_json())
+
+
+def test_a_call_run_where_it_was_pinned_sends_that_request_and_others_read_their_inputs():
+    kept = Pinned(keep=2)
+    requests = [Request(model="m", messages=[Message(role="user", content=str(i))])
+                for i in range(3)]
+    for i, r in enumerate(requests):
+        kept.put(f"call{i}", r)
+    assert kept.take("call2", {}) is requests[2]
+    assert kept.take("call1", {}) is requests[1]
+    # Pushed out (a call that ran elsewhere), or taken already: read from its inputs.
+    assert kept.take("call0", pin(requests[0])) == requests[0]
+    again = kept.take("call2", pin(requests[2]))
+    assert again == requests[2] and again is not requests[2]
 
 
 async def test_parallel_tool_calls_are_answered_in_call_order(make_agent):

@@ -4,7 +4,7 @@ written by an `llm_call` (quiet: no channel shows it), and appends it as the con
 new head (see that module for the rules)."""
 
 from bot.agent.deps import AgentDeps
-from bot.agent.llm_call import pin
+from bot.agent.pinned import pin
 from bot.llm.types import Message, Request
 from bot.memory.compaction import KIND, choose_cut, transcript_between
 from bot.memory.transcript import head_of, tokens_per_char

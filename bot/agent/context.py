@@ -322,6 +322,26 @@ def _fit(window: Window, budget_chars: int) -> Window:
                   held)
 
 
+# Messages already made from entries, by the entry object: a conversation's window holds
+# the same Entry objects from turn to turn (ContextCache), and making a long window's
+# hundreds of messages anew cost ~6 ms an assembly. Entries are immutable and messages are
+# never changed once made; the memo holds its entries, so an object's id names one entry.
+_MADE: OrderedDict[int, tuple[Entry, Message]] = OrderedDict()
+_MADE_MAX = 2048
+
+
+def _made(entry: Entry, make) -> Message:
+    hit = _MADE.get(id(entry))
+    if hit is not None and hit[0] is entry:
+        _MADE.move_to_end(id(entry))
+        return hit[1]
+    message = make()
+    _MADE[id(entry)] = (entry, message)
+    if len(_MADE) > _MADE_MAX:
+        _MADE.popitem(last=False)
+    return message
+
+
 def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = None,
                 config: Config | None = None) -> list[Message]:
     """Entries as messages, with the tool-call pairing every provider insists on: results
@@ -342,20 +362,27 @@ def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = No
         if e.kind == "tool_result":
             call_id = data.get("tool_call_id")
             if call_id in open_calls:
-                content = UNTRUSTED + e.text if data.get("untrusted") else e.text
-                messages.append(Message(role="tool", content=content, tool_call_id=call_id,
-                                        name=open_calls.pop(call_id),
-                                        is_error=bool(data.get("is_error"))))
+                name = open_calls.pop(call_id)
+                messages.append(_made(e, lambda e=e, data=data, call_id=call_id, name=name:
+                                      Message(role="tool", tool_call_id=call_id, name=name,
+                                              content=UNTRUSTED + e.text
+                                              if data.get("untrusted") else e.text,
+                                              is_error=bool(data.get("is_error")))))
             continue
         close_open_calls()
         if e.kind == "user":
             shown = (images or {}).get(e.seq, [])
             extra = _not_shown(e, shown, config) if config is not None else ""
-            messages.append(Message(role="user", content=e.text + extra, images=shown))
+            if shown or extra:  # these depend on the rest of the window: made each time
+                messages.append(Message(role="user", content=e.text + extra, images=shown))
+            else:
+                messages.append(_made(e, lambda e=e: Message(role="user", content=e.text)))
         else:
-            calls = [ToolCall.model_validate(c) for c in data.get("tool_calls", [])]
-            messages.append(Message(role="assistant", content=e.text, tool_calls=calls))
-            open_calls.update((c.id, c.name) for c in calls)
+            said = _made(e, lambda e=e, data=data: Message(
+                role="assistant", content=e.text,
+                tool_calls=[ToolCall.model_validate(c) for c in data.get("tool_calls", [])]))
+            messages.append(said)
+            open_calls.update((c.id, c.name) for c in said.tool_calls)
     close_open_calls()
     return messages
 

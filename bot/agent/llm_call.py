@@ -18,7 +18,7 @@ from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
 from bot.llm.errors import LLMError, TransientError
 from bot.llm.retry import stream_with_retries
-from bot.llm.types import Request, Response
+from bot.llm.types import Response
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes
@@ -26,23 +26,6 @@ from store import UsageRecord, Writes
 PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
 
 log = logging.getLogger(__name__)
-
-
-def pin(request: Request) -> dict:
-    """The inputs of an llm_call that sends `request`: its JSON as one text, which pydantic
-    writes and reads in a pass each, and its outline. (As a nested value it was dumped,
-    encoded, decoded and validated piece by piece: ~10 ms a call for a long window.)"""
-    text = request.model_dump_json()
-    return {"request_json": text, "request_outline": {
-        "model": request.model, "messages": len(request.messages),
-        "tools": len(request.tools), "chars": len(text)}}
-
-
-def pinned(inputs: dict) -> Request:
-    text = inputs.get("request_json")
-    if text is not None:
-        return Request.model_validate_json(text)
-    return Request.model_validate(inputs["request"])  # pinned by an earlier build
 
 
 class LLMCall(Effect):
@@ -76,7 +59,7 @@ class LLMCall(Effect):
             self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
                                                               "turn": ctx.task.parent_id}))
 
-        request = pinned(ctx.inputs)
+        request = self.deps.pinned.take(ctx.task.id, ctx.inputs)
         quiet = ctx.inputs.get("quiet", False)
         streamed = ""
         last_commit = time.monotonic()  # a reply faster than one window commits no partial

@@ -23,7 +23,7 @@ from bot.agent.compact import KIND as COMPACT
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import ASKER, TIMEZONE, TURN
-from bot.agent.llm_call import pin
+from bot.agent.pinned import pin
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
@@ -107,6 +107,7 @@ class Turn(TaskDef):
         llm_task = ctx.spawn("llm_call", {**pin(assembled.request),
                                           "channel": ctx.inputs.get("channel", "cli"),
                                           "reply_to": ctx.inputs.get("reply_to", {})})
+        deps.pinned.put(llm_task, assembled.request)
         return Wait("after_llm", {**cp, "llm_task": llm_task})
 
     async def _spending_caps(self, ctx: TaskContext):
