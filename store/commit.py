@@ -38,7 +38,8 @@ async def apply(conn, dialect: str, writes: Writes, *,
                 fenced: Callable[[TaskUpdate, float], None] | None = None) -> CommitResult:
     """`fenced(update, t)`: the task update (without `wake_if_settled`) and the wake it
     owes, done another way in this same transaction (SQLite's fixed statements,
-    `hotpath.sqlite_update`); by default the statements below."""
+    `steps.update`); by default the statements below. A step of the common shape
+    (`steps.fits`) is written by `store/steps.py` instead, in this same order."""
     result = CommitResult()
     t = now()
     await _submissions(conn, dialect, writes, t)

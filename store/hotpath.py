@@ -104,7 +104,7 @@ WHERE id = ?1 AND lease_owner = ?2 AND state = '{RUNNING}'
 RETURNING parent_id"""
 # The same when the task's parent is known (`Store` remembers those of the tasks it
 # claimed): RETURNING costs SQLite a temporary table per statement.
-_UPDATE_KNOWN_PARENT = UPDATE_SQL.replace("\nRETURNING parent_id", "")
+UPDATE_KNOWN_PARENT = UPDATE_SQL.replace("\nRETURNING parent_id", "")
 
 # A lone update and the claim of what takes its slot, as one statement on PostgreSQL: the
 # update's parameters, then the claim's shifted past them (?16 owner ... ?22). Nothing is
@@ -159,7 +159,7 @@ def lone_update(writes: Writes) -> TaskUpdate | None:
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def _text(value):
+def json_text(value):
     return None if value is None else storable(_encode(value))
 
 
@@ -182,9 +182,9 @@ def _ride(c: Claim) -> str:
 
 def update_params(u: TaskUpdate, t: float) -> tuple:
     return (storable(u.task_id), storable(u.owner), u.state, storable(u.phase),
-            _text(u.checkpoint), _text(u.result),
+            json_text(u.checkpoint), json_text(u.result),
             None if u.error is None else storable(u.error), u.wait_mode, float(u.run_after),
-            t, u.state == RUNNING, u.attempts, u.progressed, _text(u.inputs), u.failure)
+            t, u.state == RUNNING, u.attempts, u.progressed, json_text(u.inputs), u.failure)
 
 
 def claimed_tasks(rows, block) -> list[Task]:
@@ -218,23 +218,6 @@ def sqlite_claim(raw, c: Claim, t: float) -> list[Task]:
     rows = [dict(zip(names, r, strict=True)) for r in rows]
     return claimed_tasks(rows, lambda task_id, reason: raw.execute(
         BLOCK_SQL, (task_id, reason, t)))
-
-
-def sqlite_update(raw, u: TaskUpdate, t: float, parent: str | None = "?") -> None:
-    """The fenced update, then the wake it owes: its own (a wait whose children all
-    settled already) or its parent's (the last child to settle). `parent`: the task's
-    parent if known (None: it has none), "?" if not: then the update reads it."""
-    if parent == "?" and u.state in TERMINAL:
-        row = raw.execute(UPDATE_SQL, update_params(u, t)).fetchone()
-        if row is None:
-            raise LeaseLost(u.task_id, u.owner)
-        parent = row[0]
-    elif raw.execute(_UPDATE_KNOWN_PARENT, update_params(u, t)).rowcount != 1:
-        raise LeaseLost(u.task_id, u.owner)
-    if u.state == WAITING:
-        raw.execute(WAKE_SQLITE, (u.task_id, t))
-    elif u.state in TERMINAL and parent is not None:
-        raw.execute(WAKE_SQLITE, (parent, t))
 
 
 # -- PostgreSQL: one autocommitted statement, one round trip -----------------------------

@@ -13,6 +13,7 @@ from store import leader as _leader
 from store import liveness as _liveness
 from store import reads as _reads
 from store import schedules as _schedules
+from store import steps as _steps
 from store import tasks as _tasks
 from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
@@ -110,6 +111,13 @@ class Store:
                 return CommitResult(claimed=claimed)
             if update is not None and await self._fast_update(update):
                 result = CommitResult()
+            elif _steps.fits(writes):
+                parent = "?" if writes.task_update is None else self._parents.get(
+                    writes.task_update.task_id, "?")
+                async with (await self._engines.pool()).acquire() as conn:
+                    async with conn.transaction():
+                        result = await _steps.on_postgres(conn, _steps.plan(writes, now(),
+                                                                            parent))
             else:
                 result = await self._write(lambda conn: _commit.apply(conn, self.dialect,
                                                                       writes))
@@ -123,19 +131,18 @@ class Store:
         return result
 
     async def _sqlite_commit(self, writes: Writes, then_claim: Claim | None) -> CommitResult:
-        update = _hot.lone_update(writes)
-        parent = "?" if update is None else self._parents.get(update.task_id, "?")
+        u = writes.task_update
+        parent = "?" if u is None else self._parents.get(u.task_id, "?")
+        common = _steps.fits(writes)
 
         def job(s):
             t = now()
-            if update is not None:
-                _hot.sqlite_update(s.raw, update, t, parent)
-                result = CommitResult()
+            if common:
+                result = _steps.on_sqlite(s.raw, _steps.plan(writes, t, parent))
             else:
                 result = s.inline(lambda conn: _commit.apply(
                     conn, self.dialect, writes,
-                    fenced=lambda u, t: _hot.sqlite_update(s.raw, u, t, self._parents.get(
-                        u.task_id, "?"))))
+                    fenced=lambda u, t: _steps.on_sqlite(s.raw, _steps.update(u, t, parent))))
             if then_claim is not None:  # its own clock: what the step spawned is due
                 result.claimed = _hot.sqlite_claim(s.raw, then_claim, now())
             return result

@@ -1,0 +1,110 @@
+"""Steps of the common shape are written by fixed statements (store/steps.py): each must
+land exactly as the general commit (store/commit.py) lands it, on both backends, and be
+fenced by the lease in the same way."""
+
+import pytest
+from sqlalchemy import select
+
+from store import (
+    DONE,
+    PENDING,
+    WAITING,
+    Claim,
+    LeaseLost,
+    TaskUpdate,
+    UsageRecord,
+    Writes,
+    open_store,
+)
+from store import commit as _commit
+from store import steps as _steps
+from store.schema import conversations, entries, tasks, usage
+
+
+def _spawned_and_said(conv_id: int, parent: str, owner: str) -> Writes:
+    """A turn's phase: a reply (with a head marker in the middle), a child, usage, the
+    parent waiting."""
+    w = Writes()
+    w.append(conv_id, "assistant", "thinking ", data={"answers_upto": 1}, task_id=parent)
+    w.append(conv_id, "compaction", "summary\x00with a NUL", head=True)
+    w.append(conv_id, "tool_result", "é ok", data={"tool_call_id": "c1"}, author="tool")
+    w.spawn("child", {"big": "x" * 5000}, parent_id=parent, conversation_id=conv_id,
+            idem_key="k1")
+    w.record_usage(UsageRecord(provider="p", model="m", input_tokens=3, output_tokens=4,
+                               cost_usd=0.5, ok=False, error="boom"))
+    w.task_update = TaskUpdate(parent, owner, WAITING, "after", checkpoint={"n": 1},
+                               wait_mode="all")
+    return w
+
+
+async def _land(store, general: bool) -> dict:
+    conv = await store.ensure_conversation("k")
+    first = Writes()
+    first.append(conv.id, "user", "hi")
+    root = first.spawn("turn", {"x": 1}, conversation_id=conv.id)
+    await store.commit(first)
+    claim = Claim("w", 1, 60.0)
+    [task] = await store.claim(claim)
+    step = _spawned_and_said(conv.id, task.id, "w")
+    assert _steps.fits(step)
+    if general:
+        result = await store._write(lambda conn: _commit.apply(conn, store.dialect, step))
+    else:
+        result = await store.commit(step)
+    async with store._engines.read.connect() as conn:
+        said = (await conn.execute(select(entries.c.seq, entries.c.kind, entries.c.author,
+                                          entries.c.text, entries.c.data, entries.c.ref,
+                                          entries.c.task_id == root)
+                                   .order_by(entries.c.seq))).all()
+        conv_row = (await conn.execute(select(conversations.c.last_seq,
+                                              conversations.c.head_seq))).one()
+        made = (await conn.execute(select(
+            tasks.c.kind, tasks.c.parent_id == root, tasks.c.state, tasks.c.phase,
+            tasks.c.inputs, tasks.c.checkpoint, tasks.c.idem_key, tasks.c.wait_mode,
+            tasks.c.attempts, tasks.c.crashes, tasks.c.lease_owner).order_by(tasks.c.kind)
+        )).all()
+        spent = (await conn.execute(select(
+            usage.c.task_id == root, usage.c.provider, usage.c.model, usage.c.input_tokens,
+            usage.c.output_tokens, usage.c.cache_read_tokens, usage.c.cost_usd, usage.c.ok,
+            usage.c.error))).all()
+    return {"seqs": result.entry_seqs, "spawned": len(result.task_ids),
+            "entries": [tuple(r) for r in said],
+            "conversation": tuple(conv_row), "tasks": [tuple(r) for r in made],
+            "usage": [tuple(r) for r in spent]}
+
+
+async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
+    landed = []
+    for general in (True, False):
+        store = await open_store(store_url)
+        try:
+            landed.append(await _land(store, general))
+            async with store._engines.write.begin() as conn:  # the next run starts empty
+                for table in (usage, entries, tasks, conversations):
+                    await conn.execute(table.delete())
+        finally:
+            await store.close()
+    general, fixed = landed
+    assert fixed == general
+    assert fixed["seqs"] == [2, 3, 4] and fixed["conversation"] == (4, 3)
+    assert [t[2] for t in fixed["tasks"]] == [PENDING, WAITING]  # the child, the turn
+
+
+async def test_a_common_step_is_fenced_by_the_lease_and_lands_nothing_without_it(store):
+    conv = await store.ensure_conversation("k")
+    first = Writes()
+    first.spawn("turn", {}, conversation_id=conv.id)
+    await store.commit(first)
+    [task] = await store.claim(Claim("w", 1, 60.0))
+    with pytest.raises(LeaseLost):
+        await store.commit(_spawned_and_said(conv.id, task.id, "someone else"))
+    assert (await store.get_conversation("k")).last_seq == 0
+    assert [t.kind for t in await store.list_tasks()] == ["turn"]
+    # The holder's own step lands, and the last child's result wakes the waiting parent.
+    await store.commit(_spawned_and_said(conv.id, task.id, "w"))
+    [child] = await store.claim(Claim("w", 1, 60.0))
+    done = Writes()
+    done.append(conv.id, "tool_result", "done", task_id=child.id)
+    done.task_update = TaskUpdate(child.id, "w", DONE, "", result={"ok": True})
+    await store.commit(done)
+    assert (await store.get_task(task.id)).state == PENDING
