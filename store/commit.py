@@ -13,7 +13,7 @@ from sqlalchemy import and_, bindparam, exists, insert, not_, or_, select, updat
 
 from store import schedules as _schedules
 from store.documents import versions
-from store.errors import LeaseLost
+from store.errors import LeaseLost, StoreError
 from store.records import (
     FAILED,
     PENDING,
@@ -29,9 +29,10 @@ from store.sql import insert_ignore
 from store.writes import TaskUpdate, Writes
 
 
-class DuplicateSubmission(Exception):
+class DuplicateSubmission(StoreError):
     """Raised inside the transaction to roll the whole step back: the step (an inbound
-    message, a schedule's occurrence) was already applied once."""
+    message, a schedule's occurrence) was already applied once. (`Store.commit` answers
+    it as `CommitResult(duplicate=True)`; a connection it ends on is fine.)"""
 
 
 async def apply(conn, dialect: str, writes: Writes, *,

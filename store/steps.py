@@ -1,18 +1,20 @@
-"""A step of the common shape as fixed statements on the driver: what a phase of a turn, a
-tool call or a delivery writes (entries, new tasks, usage, wakes, and the task's own
-update with the wake it owes). Built with SQLAlchemy on every commit, such a step cost
-PostgreSQL ~5 ms of client time and round trips where the statements take ~1.
+"""A step of the common shape as fixed statements on the driver: what an inbound message,
+a phase of a turn, a tool call or a delivery writes (submissions, entries, new tasks,
+usage, wakes, and the task's own update with the wake it owes). Built with SQLAlchemy on
+every commit, such a step cost PostgreSQL ~5 ms of client time and round trips where the
+statements take ~1.
 
 The step is written once, as a plan: a generator that yields each statement and is sent
 back what it returned. `on_sqlite` runs a plan on the writer thread's connection,
 `on_postgres` on a hot-path asyncpg connection inside a transaction. Anything else a step
-may hold (submissions, documents, schedules, withdrawals, spawns with a dedupe key, a
-sleeper's `wake_if_settled`) goes through `store/commit.py`, which does the same in the
+may hold (documents, schedules, withdrawals, spawns with a dedupe key, a sleeper's
+`wake_if_settled`) goes through `store/commit.py`, which does the same in the
 same order.
 """
 
 from collections.abc import Generator
 
+from store.commit import DuplicateSubmission
 from store.errors import LeaseLost
 from store.hotpath import (
     UPDATE_KNOWN_PARENT,
@@ -26,6 +28,13 @@ from store.records import PENDING, TERMINAL, WAITING, CommitResult
 from store.schema import storable
 from store.writes import TaskUpdate, Writes
 
+# The same spelling on both: a unique (channel, external_id) that is already there inserts
+# nothing and returns no row.
+_SUBMISSION = """
+INSERT INTO submissions (channel, external_id, conversation_id, task_id, state, reason,
+                         payload, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (channel, external_id) DO NOTHING RETURNING id"""
 # ?1 conversation, ?2 entries to add, ?3 now, ?4 offset of the last head marker among
 # them (NULL: none). SET reads the old last_seq, as `commit._entries` does.
 _SEQ = """
@@ -60,7 +69,7 @@ Op = tuple[str, str, object]
 def fits(writes: Writes) -> bool:
     """Whether the step is of the common shape (and so `plan` writes all of it)."""
     u = writes.task_update
-    return not (writes.submissions or writes.documents or writes.schedules
+    return not (writes.documents or writes.schedules
                 or writes.withdrawals or (u is not None and u.wake_if_settled)
                 or any(nt.dedupe_key is not None for nt in writes.tasks))
 
@@ -70,6 +79,7 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
     """The statements of a step that `fits`, in `commit.apply`'s order. `parent`: of the
     updated task, if known (None: it has none), "?" if not."""
     result = CommitResult()
+    yield from _submissions(writes, t)
     yield from _entries(writes, t, result)
     if writes.tasks:
         yield ("many", _TASK, [
@@ -89,6 +99,24 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
     for sleeper in writes.wakes:  # after our own row, as in commit.apply
         yield ("run", _WAKE_SLEEPER, (sleeper, t))
     return result
+
+
+def _submissions(writes: Writes, t: float):
+    """Each external id once, ever: one seen before undoes the whole step."""
+    seen = 0
+    for sub in writes.submissions:
+        state = "quarantined" if sub.quarantine_reason else "accepted"
+        reason = None if sub.quarantine_reason is None else storable(sub.quarantine_reason)
+        payload = None if sub.payload is None else json_text(sub.payload)
+        for external_id in sub.external_ids:
+            row = yield ("row", _SUBMISSION, (
+                storable(sub.channel), storable(external_id), sub.conversation_id,
+                None if sub.task_id is None else storable(sub.task_id), state, reason,
+                payload, t))
+            seen += row is None
+    if seen:
+        raise DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen "
+                                  "before")
 
 
 def _entries(writes: Writes, t: float, result: CommitResult):

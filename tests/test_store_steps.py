@@ -18,7 +18,7 @@ from store import (
 )
 from store import commit as _commit
 from store import steps as _steps
-from store.schema import conversations, entries, tasks, usage
+from store.schema import conversations, entries, submissions, tasks, usage
 
 
 def _spawned_and_said(conv_id: int, parent: str, owner: str) -> Writes:
@@ -37,20 +37,38 @@ def _spawned_and_said(conv_id: int, parent: str, owner: str) -> Writes:
     return w
 
 
-async def _land(store, general: bool) -> dict:
-    conv = await store.ensure_conversation("k")
-    first = Writes()
-    first.append(conv.id, "user", "hi")
-    root = first.spawn("turn", {"x": 1}, conversation_id=conv.id)
-    await store.commit(first)
-    claim = Claim("w", 1, 60.0)
-    [task] = await store.claim(claim)
-    step = _spawned_and_said(conv.id, task.id, "w")
+def _message(conv_id: int, external_ids: list[str]) -> Writes:
+    """An inbound message: its submission (an id a channel may send twice), the message and
+    its turn; and a quarantined event beside it."""
+    w = Writes()
+    w.append(conv_id, "user", "hi")
+    turn = w.spawn("turn", {"x": 1}, conversation_id=conv_id)
+    w.submit("slack", *external_ids, conversation_id=conv_id, payload={"ts": "1.2"},
+             task_id=turn)
+    w.quarantine("slack", "bad", "malformed", payload={"raw": "\x00?"})
+    return w
+
+
+async def _commit_either(store, step: Writes, general: bool):
     assert _steps.fits(step)
     if general:
-        result = await store._write(lambda conn: _commit.apply(conn, store.dialect, step))
-    else:
-        result = await store.commit(step)
+        try:
+            return await store._write(lambda conn: _commit.apply(conn, store.dialect, step))
+        except _commit.DuplicateSubmission:
+            return None
+    result = await store.commit(step)
+    return None if result.duplicate else result
+
+
+async def _land(store, general: bool) -> dict:
+    conv = await store.ensure_conversation("k")
+    assert await _commit_either(store, _message(conv.id, ["e1", "e2"]), general)
+    # The same event again, with one id new: nothing of it lands.
+    assert await _commit_either(store, _message(conv.id, ["e3", "e2"]), general) is None
+    [root] = [t.id for t in await store.list_tasks(kind="turn")]
+    claim = Claim("w", 1, 60.0)
+    [task] = await store.claim(claim)
+    result = await _commit_either(store, _spawned_and_said(conv.id, task.id, "w"), general)
     async with store._engines.read.connect() as conn:
         said = (await conn.execute(select(entries.c.seq, entries.c.kind, entries.c.author,
                                           entries.c.text, entries.c.data, entries.c.ref,
@@ -63,6 +81,10 @@ async def _land(store, general: bool) -> dict:
             tasks.c.inputs, tasks.c.checkpoint, tasks.c.idem_key, tasks.c.wait_mode,
             tasks.c.attempts, tasks.c.crashes, tasks.c.lease_owner).order_by(tasks.c.kind)
         )).all()
+        taken = (await conn.execute(select(
+            submissions.c.channel, submissions.c.external_id, submissions.c.task_id == root,
+            submissions.c.state, submissions.c.reason, submissions.c.payload)
+            .order_by(submissions.c.external_id))).all()
         spent = (await conn.execute(select(
             usage.c.task_id == root, usage.c.provider, usage.c.model, usage.c.input_tokens,
             usage.c.output_tokens, usage.c.cache_read_tokens, usage.c.cost_usd, usage.c.ok,
@@ -70,7 +92,7 @@ async def _land(store, general: bool) -> dict:
     return {"seqs": result.entry_seqs, "spawned": len(result.task_ids),
             "entries": [tuple(r) for r in said],
             "conversation": tuple(conv_row), "tasks": [tuple(r) for r in made],
-            "usage": [tuple(r) for r in spent]}
+            "usage": [tuple(r) for r in spent], "submissions": [tuple(r) for r in taken]}
 
 
 async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
@@ -80,7 +102,7 @@ async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
         try:
             landed.append(await _land(store, general))
             async with store._engines.write.begin() as conn:  # the next run starts empty
-                for table in (usage, entries, tasks, conversations):
+                for table in (usage, submissions, entries, tasks, conversations):
                     await conn.execute(table.delete())
         finally:
             await store.close()
@@ -88,6 +110,7 @@ async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
     assert fixed == general
     assert fixed["seqs"] == [2, 3, 4] and fixed["conversation"] == (4, 3)
     assert [t[2] for t in fixed["tasks"]] == [PENDING, WAITING]  # the child, the turn
+    assert [s[1] for s in fixed["submissions"]] == ["bad", "e1", "e2"]
 
 
 async def test_a_common_step_is_fenced_by_the_lease_and_lands_nothing_without_it(store):
