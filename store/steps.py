@@ -94,8 +94,9 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
              u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
              float(u.cost_usd), bool(u.ok), None if u.error is None else storable(u.error), t)
             for u in writes.usage])
-    if writes.task_update is not None:
-        yield from update(writes.task_update, t, parent)
+    if (u := writes.task_update) is not None:
+        yield from update(u, t, parent, spawned=any(nt.parent_id == u.task_id
+                                                     for nt in writes.tasks))
     for sleeper in writes.wakes:  # after our own row, as in commit.apply
         yield ("run", _WAKE_SLEEPER, (sleeper, t))
     return result
@@ -150,9 +151,10 @@ def _entries(writes: Writes, t: float, result: CommitResult):
     yield ("many", _ENTRY, rows)
 
 
-def update(u: TaskUpdate, t: float, parent: str | None = "?"):
+def update(u: TaskUpdate, t: float, parent: str | None = "?", spawned: bool = False):
     """The fenced update of a task, then the wake it owes: its own (a wait whose children
-    all settled already) or its parent's (the last child to settle)."""
+    all settled already) or its parent's (the last child to settle). `spawned`: this step
+    made children of the task, pending, so a wait for all of them is not over yet."""
     params = update_params(u, t)
     if parent == "?" and u.state in TERMINAL:
         row = yield ("row", UPDATE_SQL, params)
@@ -162,7 +164,8 @@ def update(u: TaskUpdate, t: float, parent: str | None = "?"):
     elif (yield ("count", UPDATE_KNOWN_PARENT, params)) != 1:
         raise LeaseLost(u.task_id, u.owner)
     if u.state == WAITING:
-        yield ("run", WAKE_SQLITE, (u.task_id, t))
+        if not (spawned and u.wait_mode != "fail_fast"):
+            yield ("run", WAKE_SQLITE, (u.task_id, t))
     elif u.state in TERMINAL and parent is not None:
         yield ("lock", _LOCK, (parent,))
         yield ("run", WAKE_SQLITE, (parent, t))
