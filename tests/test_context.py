@@ -28,7 +28,7 @@ from bot.llm.types import Response, Usage
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox
 from connectors.terminal import TerminalChannel
-from store import Writes
+from store import Entry, Writes
 
 OPTIONS = RunnerOptions(concurrency=4, retry_base_seconds=0.01, retry_max_seconds=0.02,
                         poll_seconds=0.02)
@@ -243,3 +243,24 @@ async def test_the_cache_holds_at_most_its_bytes_and_counts_them_exactly(store):
     tiny = ContextCache(max_bytes=sizes[3] - 1)
     assert (await tiny.window(store, convs[3], 2500)).entries  # still answered
     assert len(tiny) == 0 and tiny.held_bytes() == 0
+
+
+def test_each_entrys_message_is_made_once_and_the_memo_stays_small(monkeypatch):
+    monkeypatch.setattr(context, "_MADE", type(context._MADE)())
+    monkeypatch.setattr(context, "_MADE_MAX", 50)
+    said = [Entry(i, 1, i, "user" if i % 2 else "assistant", None, f"line {i}", None, None,
+                  None, 0.0) for i in range(1, 41)]
+    long = Entry(99, 1, 99, "user", None, "x" * (context._MADE_TEXT + 1), None, None, None,
+                 0.0)
+    first = context.to_messages([*said, long])
+    again = context.to_messages([*said, long])
+    assert [m.content for m in again] == [m.content for m in first]
+    assert all(a is b for a, b in zip(first[:-1], again[:-1], strict=True))
+    assert again[-1] is not first[-1]  # a long one is made each time, never kept
+    # An equal entry that is another object gets a message of its own: the memo is by
+    # object, so another store's entry with the same id is never mistaken for it.
+    twin = Entry(1, 1, 1, "user", None, "line 1 elsewhere", None, None, None, 0.0)
+    assert context.to_messages([twin])[0].content == "line 1 elsewhere"
+    context.to_messages([Entry(i, 2, i, "user", None, "more", None, None, None, 0.0)
+                         for i in range(100)])
+    assert len(context._MADE) == 50

@@ -326,11 +326,16 @@ def _fit(window: Window, budget_chars: int) -> Window:
 # the same Entry objects from turn to turn (ContextCache), and making a long window's
 # hundreds of messages anew cost ~6 ms an assembly. Entries are immutable and messages are
 # never changed once made; the memo holds its entries, so an object's id names one entry.
+# Long entries (a fetched page, a big tool result) are made each time: kept, they could
+# hold far more than the context cache's bound; made, they cost the same as short ones.
 _MADE: OrderedDict[int, tuple[Entry, Message]] = OrderedDict()
-_MADE_MAX = 2048
+_MADE_MAX = 2048  # messages: with `_MADE_TEXT`, a few MB at most
+_MADE_TEXT = 2000  # characters
 
 
 def _made(entry: Entry, make) -> Message:
+    if len(entry.text) > _MADE_TEXT:
+        return make()
     hit = _MADE.get(id(entry))
     if hit is not None and hit[0] is entry:
         _MADE.move_to_end(id(entry))
