@@ -238,10 +238,16 @@ async def test_steward_run_rides_out_slack_unreachable_at_start(store_url, tmp_p
             while [m["text"] for m in slack.bot_messages(DM)] != ["Here now."]:
                 assert time.monotonic() < deadline + 30, slack.bot_messages(DM)
                 await asyncio.sleep(0.05)
+        except AssertionError as exc:
+            failed = exc  # told with what Steward logged meanwhile, below
+        else:
+            failed = None
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = await asyncio.wait_for(proc.communicate(), 30)
         log = err.decode()
+        if failed is not None:
+            raise AssertionError(f"{failed}\n--- steward's log:\n{log[-3000:]}") from failed
         assert proc.returncode == 0, log[-3000:]
         assert "Traceback" not in log and "Unclosed client session" not in log, log[-3000:]
         assert "connecting in the background" in log and "slack: connected" in log, log[-3000:]
