@@ -7,8 +7,6 @@ usage, then the task update, which wakes a waiting parent when a child settles, 
 the wakes of sleeping tasks.
 """
 
-from collections.abc import Callable
-
 from sqlalchemy import and_, bindparam, exists, insert, not_, or_, select, update
 
 from store import schedules as _schedules
@@ -35,12 +33,9 @@ class DuplicateSubmission(StoreError):
     it as `CommitResult(duplicate=True)`; a connection it ends on is fine.)"""
 
 
-async def apply(conn, dialect: str, writes: Writes, *,
-                fenced: Callable[[TaskUpdate, float], None] | None = None) -> CommitResult:
-    """`fenced(update, t)`: the task update (without `wake_if_settled`) and the wake it
-    owes, done another way in this same transaction (SQLite's fixed statements,
-    `steps.update`); by default the statements below. A step of the common shape
-    (`steps.fits`) is written by `store/steps.py` instead, in this same order."""
+async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
+    """A step of the common shape (`steps.fits`) is written by `store/steps.py` instead,
+    in this same order."""
     result = CommitResult()
     t = now()
     await _submissions(conn, dialect, writes, t)
@@ -84,11 +79,8 @@ async def apply(conn, dialect: str, writes: Writes, *,
     for sw in writes.schedules:
         await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
 
-    if (u := writes.task_update) is not None:
-        if fenced is not None and not u.wake_if_settled:
-            fenced(u, t)
-        else:
-            await _update_task(conn, u, t)
+    if writes.task_update is not None:
+        await _update_task(conn, writes.task_update, t)
 
     if writes.withdrawals:
         await _withdraw_tasks(conn, writes, t)
@@ -120,19 +112,26 @@ async def _submissions(conn, dialect: str, writes: Writes, t: float) -> None:
         raise DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen before")
 
 
+def reservations(new_entries) -> tuple[dict[int, int], dict[int, int]]:
+    """How many positions each conversation takes, and the offset among them of its last
+    head marker (for the conversations that get one)."""
+    counts: dict[int, int] = {}
+    heads: dict[int, int] = {}
+    for e in new_entries:
+        n = counts.get(e.conversation_id, 0)
+        if e.head:
+            heads[e.conversation_id] = n
+        counts[e.conversation_id] = n + 1
+    return counts, heads
+
+
 async def _entries(conn, writes: Writes, t: float, result: CommitResult) -> dict[int, int]:
     """Reserve each conversation's sequence numbers with one update (the conversation row
     is its sequence, and its lock on PostgreSQL), then insert every entry in one statement,
     in the order given. Returns each conversation's last sequence number."""
     if not writes.entries:
         return {}
-    counts: dict[int, int] = {}
-    heads: dict[int, int] = {}  # conversation -> offset of its last head marker
-    for e in writes.entries:
-        n = counts.get(e.conversation_id, 0)
-        if e.head:
-            heads[e.conversation_id] = n
-        counts[e.conversation_id] = n + 1
+    counts, heads = reservations(writes.entries)
     last_seq: dict[int, int] = {}
     for conversation_id in sorted(counts):  # one lock order for every writer
         n = counts[conversation_id]

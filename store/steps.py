@@ -14,7 +14,7 @@ same order.
 
 from collections.abc import Generator
 
-from store.commit import DuplicateSubmission
+from store.commit import DuplicateSubmission, reservations
 from store.errors import LeaseLost
 from store.hotpath import (
     UPDATE_KNOWN_PARENT,
@@ -123,13 +123,7 @@ def _submissions(writes: Writes, t: float):
 def _entries(writes: Writes, t: float, result: CommitResult):
     if not writes.entries:
         return
-    counts: dict[int, int] = {}
-    heads: dict[int, int] = {}  # conversation -> offset of its last head marker
-    for e in writes.entries:
-        n = counts.get(e.conversation_id, 0)
-        if e.head:
-            heads[e.conversation_id] = n
-        counts[e.conversation_id] = n + 1
+    counts, heads = reservations(writes.entries)
     next_seq: dict[int, int] = {}
     for conversation_id in sorted(counts):  # one lock order for every writer
         n = counts[conversation_id]

@@ -140,9 +140,7 @@ class Store:
             if common:
                 result = _steps.on_sqlite(s.raw, _steps.plan(writes, t, parent))
             else:
-                result = s.inline(lambda conn: _commit.apply(
-                    conn, self.dialect, writes,
-                    fenced=lambda u, t: _steps.on_sqlite(s.raw, _steps.update(u, t, parent))))
+                result = s.inline(lambda conn: _commit.apply(conn, self.dialect, writes))
             if then_claim is not None:  # its own clock: what the step spawned is due
                 result.claimed = _hot.sqlite_claim(s.raw, then_claim, now())
             return result
