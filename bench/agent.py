@@ -37,7 +37,14 @@ from sqlalchemy import event, func, select
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.store import _proc_status, fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
+from bench.store import (  # noqa: E402
+    _proc_status,
+    note,
+    p50_p99,
+    postgres_url,
+    print_table,
+    sqlite_url,
+)
 from bot.agent.deps import AgentDeps  # noqa: E402
 from bot.agent.inbox import submit_message  # noqa: E402
 from bot.app.config import build_config  # noqa: E402
@@ -89,7 +96,10 @@ class CountingStore(Store):
         for engine in {engines.write, engines.read}:
             event.listen(engine.sync_engine, "before_cursor_execute", self._statement)
 
-        self.times: dict[str, list[float]] = {"commit": [], "read": []}  # seconds each
+        # Seconds each commit and read took, while `timing` (kept only then: a soak runs
+        # this store for hours).
+        self.timing = False
+        self.times: dict[str, list[float]] = {"commit": [], "read": []}
 
     def _statement(self, *_args) -> None:
         # The fixed statements (store/hotpath.py, steps.py) and SQLite's reader threads go
@@ -102,7 +112,8 @@ class CountingStore(Store):
         try:
             return await super()._read(fn)
         finally:
-            self.times["read"].append(time.perf_counter() - start)
+            if self.timing:
+                self.times["read"].append(time.perf_counter() - start)
 
     def settled(self, task_id: str) -> asyncio.Future:
         """Resolves to the perf_counter time the task's terminal commit returned."""
@@ -114,7 +125,8 @@ class CountingStore(Store):
             self.counts["claims riding on a commit"] += 1
         start = time.perf_counter()
         result = await super().commit(writes, then_claim=then_claim)
-        self.times["commit"].append(time.perf_counter() - start)
+        if self.timing:
+            self.times["commit"].append(time.perf_counter() - start)
         if writes.task_update and writes.task_update.state in TERMINAL:
             self.settled(writes.task_update.task_id).set_result(time.perf_counter())
         return result
@@ -192,7 +204,7 @@ async def bench_sequential(deps: AgentDeps, runner: Runner, n: int) -> dict:
     store: CountingStore = deps.store
     events = deps.events.subscribe()
     before, turn_ids, done, shown = Counter(store.counts), [], [], []
-    timed = {k: len(v) for k, v in store.times.items()}
+    store.timing = True
     t0 = time.perf_counter()
     try:
         for i in range(n):
@@ -207,6 +219,7 @@ async def bench_sequential(deps: AgentDeps, runner: Runner, n: int) -> dict:
     finally:
         deps.events.unsubscribe(events)
     wall = time.perf_counter() - t0
+    store.timing = False
     conversation_id = (await store.get_task(turn_ids[0])).conversation_id
     rows = await finished_tasks(store, conversation_id=conversation_id)
     kinds = list(KINDS) + sorted({r.kind for r in rows} - set(KINDS))
@@ -225,7 +238,7 @@ async def bench_sequential(deps: AgentDeps, runner: Runner, n: int) -> dict:
            "A llm_call inputs kept, first/last (KB)": [llm[0].size / 1024,
                                                        llm[-1].size / 1024]}
     for what, seconds in store.times.items():  # the store's calls made in this part
-        out[f"A {what} p50/p99 (ms)"] = p50_p99(seconds[timed[what]:])
+        out[f"A {what} p50/p99 (ms)"] = p50_p99(seconds)
     for kind in kinds:
         out[f"A {kind} created->done p50/p99 (ms)"] = p50_p99(
             [r.updated_at - r.created_at for r in rows if r.kind == kind])
@@ -280,11 +293,7 @@ async def main() -> None:
     if args.json:
         print(json.dumps({"turns": args.turns, **figures}, indent=2))
         return
-    width = max(len(m) for f in figures.values() for m in f) + 2
-    print(f"{'backend':<10}{'metric':<{width}}value")
-    for name, metrics in figures.items():
-        for metric, value in metrics.items():
-            print(f"{name:<10}{metric:<{width}}{fmt(value)}")
+    print_table(figures)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,14 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.store import floor, fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
+from bench.store import (  # noqa: E402
+    floor,
+    note,
+    p50_p99,
+    postgres_url,
+    print_table,
+    sqlite_url,
+)
 from store import WAITING, Claim, TaskUpdate, Writes, open_store  # noqa: E402
 from store import commit as _commit  # noqa: E402
 from store import steps as _steps  # noqa: E402
@@ -79,11 +86,7 @@ async def main() -> None:
         note(f"{name}: {args.steps} steps each way, alternating")
         async with backends[name]() as url:
             figures[name] = await run_backend(url, args.steps)
-    width = max(len(m) for f in figures.values() for m in f) + 2
-    print(f"{'backend':<10}{'metric':<{width}}value")
-    for name, metrics in figures.items():
-        for metric, value in metrics.items():
-            print(f"{name:<10}{metric:<{width}}{fmt(value)}")
+    print_table(figures)
 
 
 if __name__ == "__main__":

@@ -432,6 +432,15 @@ def fmt(value) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def print_table(figures: dict[str, dict]) -> None:
+    """Each backend's figures, one metric a line."""
+    width = max(len(m) for f in figures.values() for m in f) + 2
+    print(f"{'backend':<10}{'metric':<{width}}value")
+    for name, metrics in figures.items():
+        for metric, value in metrics.items():
+            print(f"{name:<10}{metric:<{width}}{fmt(value)}")
+
+
 def _ints(arg: str) -> list[int]:
     return [int(s) for s in arg.split(",") if s]
 
@@ -459,11 +468,7 @@ async def main() -> None:
     if args.json:
         print(json.dumps({"steps": args.steps, "sizes": sizes, **figures}, indent=2))
         return
-    width = max(len(m) for f in figures.values() for m in f) + 2
-    print(f"{'backend':<10}{'metric':<{width}}value")
-    for name, metrics in figures.items():
-        for metric, value in metrics.items():
-            print(f"{name:<10}{metric:<{width}}{fmt(value)}")
+    print_table(figures)
 
 
 if __name__ == "__main__":
