@@ -204,13 +204,13 @@ def claimed_tasks(rows, block) -> list[Task]:
 # -- SQLite: blocking calls, made on the writer thread inside its transaction -------------
 
 
-def _claim_params(c: Claim, t: float, kinds) -> tuple:
+def claim_params(c: Claim, t: float, kinds) -> tuple:
     return (storable(c.owner), t + c.lease_seconds, t, c.limit, kinds, _ride(c), c.ride_below)
 
 
 def sqlite_claim(raw, c: Claim, t: float) -> list[Task]:
     sql, kinds = _kinds_param(tuple(c.intent_kinds))
-    cur = raw.execute(sql, _claim_params(c, t, kinds))
+    cur = raw.execute(sql, claim_params(c, t, kinds))
     rows = cur.fetchall()
     if not rows:
         return []
@@ -238,7 +238,7 @@ def pg_fits(u: TaskUpdate, parent_known_none: bool) -> bool:
 
 
 async def pg_claim(conn, c: Claim, t: float) -> list[Task]:
-    rows = await conn.fetch(CLAIM_ASYNCPG, *_claim_params(c, t, list(c.intent_kinds)))
+    rows = await conn.fetch(CLAIM_ASYNCPG, *claim_params(c, t, list(c.intent_kinds)))
     blocked = []
     claimed = claimed_tasks(rows, lambda task_id, reason: blocked.append((task_id, reason)))
     for task_id, reason in blocked:
@@ -253,7 +253,7 @@ async def pg_update(conn, u: TaskUpdate, t: float) -> None:
 
 async def pg_update_then_claim(conn, u: TaskUpdate, c: Claim, t: float) -> list[Task]:
     rows = await conn.fetch(UPDATE_THEN_CLAIM_ASYNCPG, *update_params(u, t),
-                            *_claim_params(c, t, list(c.intent_kinds)))
+                            *claim_params(c, t, list(c.intent_kinds)))
     if not rows[0]["finished"]:
         raise LeaseLost(u.task_id, u.owner)
     blocked = []
@@ -271,7 +271,7 @@ async def explain_claim(engines, limit: int = 8, *, after_update: bool = False) 
     path's connections run (`HotPool`), whatever the values."""
     t = now()
     c = Claim("explain", limit, 0.0)
-    args = _claim_params(c, t, "" if engines.dialect == "sqlite" else [])
+    args = claim_params(c, t, "" if engines.dialect == "sqlite" else [])
     if engines.dialect == "sqlite":
         async with engines.read.connect() as conn:
             rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {CLAIM_SQLITE}",

@@ -1,15 +1,15 @@
-"""A step of the common shape as fixed statements on the driver: what an inbound message,
-a phase of a turn, a tool call or a delivery writes (submissions, entries, new tasks,
-usage, wakes, and the task's own update with the wake it owes). Built with SQLAlchemy on
-every commit, such a step cost PostgreSQL ~5 ms of client time and round trips where the
-statements take ~1.
+"""A step of the common shape as fixed statements: what an inbound message, a phase of a
+turn, a tool call or a delivery writes (submissions, entries, new tasks, usage, wakes, and
+the task's own update with the wake it owes). Built with SQLAlchemy on every commit, such
+a step cost PostgreSQL ~5 ms of client time and round trips where the statements take ~1.
 
-The step is written once, as a plan: a generator that yields each statement and is sent
-back what it returned. `on_sqlite` runs a plan on the writer thread's connection,
-`on_postgres` on a hot-path asyncpg connection inside a transaction. Anything else a step
-may hold (documents, schedules, withdrawals, spawns with a dedupe key, a sleeper's
-`wake_if_settled`) goes through `store/commit.py`, which does the same in the
-same order.
+On SQLite the step is a plan, a generator that yields each statement and is sent back
+what it returned, run by `on_sqlite` on the writer thread's connection. On PostgreSQL the
+same statements, in the same order, are one call of `steward_step` (migration 0015): one
+round trip, autocommitted, where the client's statements were six or seven (`on_postgres`).
+Both are fed the same rows (`_submission_rows` ... `_usage_rows`). Anything else a step may
+hold (documents, schedules, withdrawals, spawns with a dedupe key, a sleeper's
+`wake_if_settled`) goes through `store/commit.py`, which does the same in the same order.
 """
 
 from collections.abc import Generator
@@ -20,16 +20,16 @@ from store.hotpath import (
     UPDATE_KNOWN_PARENT,
     UPDATE_SQL,
     WAKE_SQLITE,
+    claim_params,
+    claimed_tasks,
     json_text,
-    pg,
     update_params,
 )
 from store.records import PENDING, TERMINAL, WAITING, CommitResult
 from store.schema import storable
-from store.writes import TaskUpdate, Writes
+from store.writes import Claim, TaskUpdate, Writes
 
-# The same spelling on both: a unique (channel, external_id) that is already there inserts
-# nothing and returns no row.
+# A unique (channel, external_id) that is already there inserts nothing and returns no row.
 _SUBMISSION = """
 INSERT INTO submissions (channel, external_id, conversation_id, task_id, state, reason,
                          payload, created_at)
@@ -39,8 +39,7 @@ ON CONFLICT (channel, external_id) DO NOTHING RETURNING id"""
 # them (NULL: none). SET reads the old last_seq, as `commit._entries` does.
 _SEQ = """
 UPDATE conversations SET last_seq = last_seq + ?2, updated_at = ?3,
-    head_seq = CASE WHEN CAST(?4 AS BIGINT) IS NULL THEN head_seq
-                    ELSE last_seq + 1 + CAST(?4 AS BIGINT) END
+    head_seq = CASE WHEN ?4 IS NULL THEN head_seq ELSE last_seq + 1 + ?4 END
 WHERE id = ?1 RETURNING last_seq"""
 _ENTRY = """
 INSERT INTO entries (conversation_id, seq, kind, author, text, data, ref, task_id, created_at)
@@ -55,14 +54,10 @@ INSERT INTO usage (task_id, conversation_id, provider, model, input_tokens, outp
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"""
 _WAKE_SLEEPER = (f"UPDATE tasks SET run_after = 0.0, updated_at = ?2 "
                  f"WHERE id = ?1 AND state = '{PENDING}'")
-# PostgreSQL: the row of the parent a settling child may wake, locked before the check
-# (`commit._lock_rows`: under read committed two children settling together would each see
-# the other running). SQLite has one writer and skips it.
-_LOCK = "SELECT id FROM tasks WHERE id = ?1 FOR UPDATE"
 
 # What each yields: ("many", sql, rows) runs it for every row; ("row", sql, args) the first
 # row or None; ("value", sql, args) its first column; ("count", sql, args) the rows
-# changed; ("lock", sql, args) runs on PostgreSQL only; ("run", sql, args) nothing.
+# changed; ("run", sql, args) nothing.
 Op = tuple[str, str, object]
 
 
@@ -74,81 +69,106 @@ def fits(writes: Writes) -> bool:
                 or any(nt.dedupe_key is not None for nt in writes.tasks))
 
 
+# -- the rows, the same for both ---------------------------------------------------------
+
+
+def _submission_rows(writes: Writes) -> list[tuple]:
+    """(channel, external id, conversation, task, state, reason, payload): one per id."""
+    rows = []
+    for sub in writes.submissions:
+        state = "quarantined" if sub.quarantine_reason else "accepted"
+        reason = None if sub.quarantine_reason is None else storable(sub.quarantine_reason)
+        payload = None if sub.payload is None else json_text(sub.payload)
+        channel = storable(sub.channel)
+        task = None if sub.task_id is None else storable(sub.task_id)
+        rows.extend((channel, storable(external_id), sub.conversation_id, task, state,
+                     reason, payload) for external_id in sub.external_ids)
+    return rows
+
+
+def _duplicates(writes: Writes, seen: int) -> DuplicateSubmission:
+    return DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen before")
+
+
+def _entry_rows(writes: Writes, t: float) -> list[tuple]:
+    """(conversation, kind, author, text, data, ref, task, created): one per entry, in the
+    order given; its position is the conversation's next."""
+    return [(e.conversation_id, storable(e.kind),
+             None if e.author is None else storable(e.author), storable(e.text),
+             None if e.data is None else json_text(e.data),
+             None if e.ref is None else storable(e.ref),
+             None if e.task_id is None else storable(e.task_id),
+             t if e.created_at is None else e.created_at) for e in writes.entries]
+
+
+def _task_rows(writes: Writes, t: float) -> list[tuple]:
+    """(id, kind, parent, conversation, inputs, idempotency key, run after)."""
+    return [(storable(nt.id), storable(nt.kind), nt.parent_id, nt.conversation_id,
+             json_text(nt.inputs), None if nt.idem_key is None else storable(nt.idem_key),
+             max(float(nt.run_after), t)) for nt in writes.tasks]
+
+
+def _usage_rows(writes: Writes) -> list[tuple]:
+    task_id = writes.task_update.task_id if writes.task_update else None
+    return [(u.task_id or task_id, u.conversation_id, storable(u.provider), storable(u.model),
+             u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
+             float(u.cost_usd), bool(u.ok), None if u.error is None else storable(u.error))
+            for u in writes.usage]
+
+
+def _wakes_self(u: TaskUpdate, writes: Writes) -> bool:
+    """Whether a waiting task is to be woken at once (its wait may be over already). Not
+    when it waits for all of the children this very step spawned: they are pending."""
+    if u.state != WAITING:
+        return False
+    spawned = any(nt.parent_id == u.task_id for nt in writes.tasks)
+    return not (spawned and u.wait_mode != "fail_fast")
+
+
+# -- SQLite: the plan, on the writer's connection ----------------------------------------
+
+
 def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, object,
                                                                            CommitResult]:
     """The statements of a step that `fits`, in `commit.apply`'s order. `parent`: of the
     updated task, if known (None: it has none), "?" if not."""
     result = CommitResult()
-    yield from _submissions(writes, t)
-    yield from _entries(writes, t, result)
+    seen = 0
+    for row in _submission_rows(writes):  # each external id once, ever
+        seen += (yield ("row", _SUBMISSION, (*row, t))) is None
+    if seen:  # one seen before undoes the whole step
+        raise _duplicates(writes, seen)
+    if writes.entries:
+        counts, heads = reservations(writes.entries)
+        next_seq: dict[int, int] = {}
+        for conversation_id in sorted(counts):  # one lock order for every writer
+            n = counts[conversation_id]
+            last = yield ("value", _SEQ, (conversation_id, n, t, heads.get(conversation_id)))
+            if last is None:  # as SQLAlchemy's scalar_one() would have it
+                raise LookupError(f"no conversation id {conversation_id}")
+            next_seq[conversation_id] = last - n + 1
+        rows = []
+        for conversation_id, *rest in _entry_rows(writes, t):
+            seq = next_seq[conversation_id]
+            next_seq[conversation_id] = seq + 1
+            rows.append((conversation_id, seq, *rest))
+            result.entry_seqs.append(seq)
+        yield ("many", _ENTRY, rows)
     if writes.tasks:
-        yield ("many", _TASK, [
-            (storable(nt.id), storable(nt.kind), nt.parent_id, nt.conversation_id,
-             json_text(nt.inputs), None if nt.idem_key is None else storable(nt.idem_key),
-             max(float(nt.run_after), t), t) for nt in writes.tasks])
+        yield ("many", _TASK, [(*row, t) for row in _task_rows(writes, t)])
         result.task_ids.extend(nt.id for nt in writes.tasks)
-    task_id = writes.task_update.task_id if writes.task_update else None
     if writes.usage:
-        yield ("many", _USAGE, [
-            (u.task_id or task_id, u.conversation_id, storable(u.provider), storable(u.model),
-             u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
-             float(u.cost_usd), bool(u.ok), None if u.error is None else storable(u.error), t)
-            for u in writes.usage])
+        yield ("many", _USAGE, [(*row, t) for row in _usage_rows(writes)])
     if (u := writes.task_update) is not None:
-        yield from update(u, t, parent, spawned=any(nt.parent_id == u.task_id
-                                                     for nt in writes.tasks))
+        yield from _update(u, t, parent, _wakes_self(u, writes))
     for sleeper in writes.wakes:  # after our own row, as in commit.apply
         yield ("run", _WAKE_SLEEPER, (sleeper, t))
     return result
 
 
-def _submissions(writes: Writes, t: float):
-    """Each external id once, ever: one seen before undoes the whole step."""
-    seen = 0
-    for sub in writes.submissions:
-        state = "quarantined" if sub.quarantine_reason else "accepted"
-        reason = None if sub.quarantine_reason is None else storable(sub.quarantine_reason)
-        payload = None if sub.payload is None else json_text(sub.payload)
-        for external_id in sub.external_ids:
-            row = yield ("row", _SUBMISSION, (
-                storable(sub.channel), storable(external_id), sub.conversation_id,
-                None if sub.task_id is None else storable(sub.task_id), state, reason,
-                payload, t))
-            seen += row is None
-    if seen:
-        raise DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen "
-                                  "before")
-
-
-def _entries(writes: Writes, t: float, result: CommitResult):
-    if not writes.entries:
-        return
-    counts, heads = reservations(writes.entries)
-    next_seq: dict[int, int] = {}
-    for conversation_id in sorted(counts):  # one lock order for every writer
-        n = counts[conversation_id]
-        last = yield ("value", _SEQ, (conversation_id, n, t, heads.get(conversation_id)))
-        if last is None:  # as SQLAlchemy's scalar_one() would have it
-            raise LookupError(f"no conversation id {conversation_id}")
-        next_seq[conversation_id] = last - n + 1
-    rows = []
-    for e in writes.entries:
-        seq = next_seq[e.conversation_id]
-        next_seq[e.conversation_id] = seq + 1
-        rows.append((e.conversation_id, seq, storable(e.kind),
-                     None if e.author is None else storable(e.author), storable(e.text),
-                     None if e.data is None else json_text(e.data),
-                     None if e.ref is None else storable(e.ref),
-                     None if e.task_id is None else storable(e.task_id),
-                     t if e.created_at is None else e.created_at))
-        result.entry_seqs.append(seq)
-    yield ("many", _ENTRY, rows)
-
-
-def update(u: TaskUpdate, t: float, parent: str | None = "?", spawned: bool = False):
+def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
     """The fenced update of a task, then the wake it owes: its own (a wait whose children
-    all settled already) or its parent's (the last child to settle). `spawned`: this step
-    made children of the task, pending, so a wait for all of them is not over yet."""
+    all settled already) or its parent's (the last child to settle)."""
     params = update_params(u, t)
     if parent == "?" and u.state in TERMINAL:
         row = yield ("row", UPDATE_SQL, params)
@@ -157,12 +177,10 @@ def update(u: TaskUpdate, t: float, parent: str | None = "?", spawned: bool = Fa
         parent = row[0]
     elif (yield ("count", UPDATE_KNOWN_PARENT, params)) != 1:
         raise LeaseLost(u.task_id, u.owner)
-    if u.state == WAITING:
-        if not (spawned and u.wait_mode != "fail_fast"):
-            yield ("run", WAKE_SQLITE, (u.task_id, t))
+    if wake_self:
+        yield ("run", WAKE_SQLITE, (u.task_id, t))
     elif u.state in TERMINAL and parent is not None:
-        yield ("lock", _LOCK, (parent,))
-        yield ("run", WAKE_SQLITE, (parent, t))
+        yield ("run", WAKE_SQLITE, (parent, t))  # one writer: no lock needed
 
 
 def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
@@ -174,7 +192,7 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
             answer = None
             if kind == "many":
                 raw.executemany(sql, args)
-            elif kind != "lock":
+            else:
                 cur = raw.execute(sql, args)
                 if kind == "count":
                     answer = cur.rowcount
@@ -186,27 +204,81 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
         return done.value
 
 
-_PG: dict[str, str] = {}  # each statement as asyncpg numbers its parameters
+# -- PostgreSQL: one call of steward_step --------------------------------------------------
+
+_CALL = "SELECT * FROM steward_step(" + ", ".join(f"${i}" for i in range(1, 64)) + ")"
+_NO_UPDATE = (None,) * 18
 
 
-async def on_postgres(conn, steps: Generator[Op, object, CommitResult]) -> CommitResult:
-    """Run a plan on an asyncpg connection, in the caller's transaction."""
-    answer = None
+def _columns(rows: list[tuple], width: int) -> tuple:
+    """Rows as the function takes them: one array per column, or NULL each for none."""
+    return tuple(zip(*rows, strict=True)) if rows else (None,) * width
+
+
+def call_args(writes: Writes, t: float, parent: str | None = "?",
+              claim: Claim | None = None) -> tuple:
+    """`steward_step`'s arguments for a step that `fits` (see `plan` for `parent`), and
+    the claim to make after it, if any."""
+    entries, at, offsets, conversation_ids = [], [], [], []
+    if writes.entries:
+        counts, heads = reservations(writes.entries)
+        conversation_ids = sorted(counts)  # the order the function takes their positions
+        index = {c: i for i, c in enumerate(conversation_ids, 1)}
+        taken = dict.fromkeys(conversation_ids, 0)
+        for conversation_id, *rest in _entry_rows(writes, t):
+            at.append(index[conversation_id])
+            offsets.append(taken[conversation_id])
+            taken[conversation_id] += 1
+            entries.append(rest)
+        reserved = (conversation_ids, [counts[c] for c in conversation_ids],
+                    [heads.get(c) for c in conversation_ids])
+        entry_columns = (at, offsets, *zip(*entries, strict=True))
+    else:
+        reserved, entry_columns = (None,) * 3, (None,) * 9
+    if (u := writes.task_update) is not None:
+        p = update_params(u, t)  # ?1 ... ?15 of UPDATE_SQL; ?10 is now, passed first
+        update = (*p[:9], *p[10:], parent != "?", None if parent == "?" else parent,
+                  _wakes_self(u, writes), u.state in TERMINAL)
+    else:
+        update = _NO_UPDATE
+    return (t, *_columns(_submission_rows(writes), 7), *reserved, *entry_columns,
+            *_columns(_task_rows(writes, t), 7), *_columns(_usage_rows(writes), 11),
+            *update, list(writes.wakes) or None,
+            *_claim_args(claim, t))
+
+
+def _claim_args(claim: Claim | None, t: float) -> tuple:
+    """`claim_params` without the clock (the function has it already)."""
+    if claim is None:
+        return (None,) * 6
+    owner, expires, _, *rest = claim_params(claim, t, list(claim.intent_kinds))
+    return owner, expires, *rest
+
+
+async def on_postgres(conn, writes: Writes, t: float, parent: str | None = "?",
+                      claim: Claim | None = None, block=None) -> CommitResult:
+    """One step that `fits`, and `claim` after it, as one autocommitted call on an asyncpg
+    connection. `block(task_id, reason)`: for a claimed row that cannot be read."""
+    import asyncpg
+
     try:
-        while True:
-            kind, sql, args = steps.send(answer)
-            answer = None
-            if (text := _PG.get(sql)) is None:
-                text = _PG[sql] = pg(sql)
-            if kind == "many":
-                await conn.executemany(text, args)
-            elif kind == "row":
-                answer = await conn.fetchrow(text, *args)
-            elif kind == "value":
-                answer = await conn.fetchval(text, *args)
-            elif kind == "count":
-                answer = int((await conn.execute(text, *args)).rsplit(" ", 1)[-1])
-            else:
-                await conn.execute(text, *args)
-    except StopIteration as done:
-        return done.value
+        rows = await conn.fetch(_CALL, *call_args(writes, t, parent, claim))
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate == "SW001":
+            raise DuplicateSubmission(exc.args[0] if exc.args else "seen before") from None
+        if exc.sqlstate == "SW002":
+            raise LeaseLost(writes.task_update.task_id, writes.task_update.owner) from None
+        if exc.sqlstate == "SW003":
+            raise LookupError(exc.args[0] if exc.args else "no conversation") from None
+        raise
+    result = CommitResult(task_ids=[nt.id for nt in writes.tasks])
+    if writes.entries:
+        counts, _ = reservations(writes.entries)
+        next_seq = dict(zip(sorted(counts), rows[0]["seq_bases"], strict=True))
+        for e in writes.entries:
+            result.entry_seqs.append(next_seq[e.conversation_id])
+            next_seq[e.conversation_id] += 1
+    if claim is not None:
+        result.claimed = claimed_tasks(
+            [r["claimed_task"] for r in rows if r["claimed_task"] is not None], block)
+    return result

@@ -114,10 +114,14 @@ class Store:
             elif _steps.fits(writes):
                 parent = "?" if writes.task_update is None else self._parents.get(
                     writes.task_update.task_id, "?")
+                blocked: list[tuple[str, str]] = []
                 async with (await self._engines.pool()).acquire() as conn:
-                    async with conn.transaction():
-                        result = await _steps.on_postgres(conn, _steps.plan(writes, now(),
-                                                                            parent))
+                    result = await _steps.on_postgres(
+                        conn, writes, now(), parent, then_claim,
+                        lambda task_id, reason: blocked.append((task_id, reason)))
+                    for task_id, reason in blocked:
+                        await conn.execute(_hot.BLOCK_ASYNCPG, task_id, reason, now())
+                then_claim = None  # claimed in the same call
             else:
                 result = await self._write(lambda conn: _commit.apply(conn, self.dialect,
                                                                       writes))
@@ -128,6 +132,8 @@ class Store:
             self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
         if then_claim is not None:
             result.claimed = await self.claim(then_claim)
+        else:
+            self._remember_parents(result.claimed)
         return result
 
     async def _sqlite_commit(self, writes: Writes, then_claim: Claim | None) -> CommitResult:

@@ -2,6 +2,8 @@
 land exactly as the general commit (store/commit.py) lands it, on both backends, and be
 fenced by the lease in the same way."""
 
+import uuid
+
 import pytest
 from sqlalchemy import select
 
@@ -19,6 +21,7 @@ from store import (
 from store import commit as _commit
 from store import steps as _steps
 from store.schema import conversations, entries, submissions, tasks, usage
+from tests.conftest import PG_URL, _pg_admin
 
 
 def _spawned_and_said(conv_id: int, parent: str, owner: str) -> Writes:
@@ -131,3 +134,82 @@ async def test_a_common_step_is_fenced_by_the_lease_and_lands_nothing_without_it
     done.task_update = TaskUpdate(child.id, "w", DONE, "", result={"ok": True})
     await store.commit(done)
     assert (await store.get_task(task.id)).state == PENDING
+
+
+async def test_a_step_for_a_missing_conversation_fails_clearly_and_lands_nothing(store):
+    conv = await store.ensure_conversation("k")
+    w = Writes()
+    w.append(conv.id, "user", "kept apart")
+    w.append(conv.id + 1000, "user", "nowhere")
+    w.spawn("turn", {}, conversation_id=conv.id)
+    with pytest.raises(LookupError, match=f"no conversation id {conv.id + 1000}"):
+        await store.commit(w)
+    assert (await store.get_conversation("k")).last_seq == 0
+    assert await store.list_tasks() == []
+
+
+async def test_a_step_claims_what_it_spawned_in_the_same_commit(store):
+    """A turn's phase spawns its model call and waits; the claim riding on that commit
+    leases the new child at once (on PostgreSQL inside the same call of steward_step)."""
+    conv = await store.ensure_conversation("k")
+    first = Writes()
+    first.spawn("turn", {}, conversation_id=conv.id)
+    await store.commit(first)
+    [turn] = await store.claim(Claim("w", 1, 60.0))
+    step = _spawned_and_said(conv.id, turn.id, "w")
+    result = await store.commit(step, then_claim=Claim("w", 4, 60.0))
+    [child] = result.claimed
+    assert (child.kind, child.parent_id, child.lease_owner) == ("child", turn.id, "w")
+    assert result.entry_seqs == [1, 2, 3]
+    assert (await store.get_task(child.id)).lease_owner == "w"
+    assert (await store.get_task(turn.id)).state == WAITING
+    # The child's result frees its slot and wakes the turn, which the next claim takes.
+    done = Writes()
+    done.append(conv.id, "tool_result", "done", task_id=child.id)
+    done.task_update = TaskUpdate(child.id, "w", DONE, "", result={"ok": True})
+    [woken] = (await store.commit(done, then_claim=Claim("w", 4, 60.0))).claimed
+    assert (woken.id, woken.state, woken.phase) == (turn.id, "running", "after")
+    # A step whose lease is gone claims nothing either.
+    lost = Writes()
+    lost.task_update = TaskUpdate(child.id, "w", DONE, "")
+    lost.append(conv.id, "assistant", "late")
+    with pytest.raises(LeaseLost):
+        await store.commit(lost, then_claim=Claim("w", 4, 60.0))
+    assert (await store.get_task(turn.id)).lease_owner == "w"
+
+
+async def test_the_step_function_goes_with_its_migration():
+    """PostgreSQL's steps are one call of a function of migration 0015; taking the store
+    back to 0014 drops it, and migrating again brings it back."""
+    from alembic import command
+    from alembic.config import Config
+
+    from store.engine import MIGRATIONS, create_engines, migrate
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    await _pg_admin(f'CREATE SCHEMA "{schema}"')
+    engines = create_engines(f"{PG_URL}?schema={schema}")
+    try:
+        await migrate(engines)
+
+        def functions(sync_conn) -> int:
+            return sync_conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_proc WHERE proname = 'steward_step' "
+                "AND pronamespace = current_schema()::regnamespace").scalar()
+
+        def downgrade(sync_conn) -> None:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(MIGRATIONS))
+            cfg.attributes["connection"] = sync_conn
+            command.downgrade(cfg, "0014")
+
+        async with engines.write.begin() as conn:
+            assert await conn.run_sync(functions) == 1
+            await conn.run_sync(downgrade)
+            assert await conn.run_sync(functions) == 0
+        await migrate(engines)
+        async with engines.write.begin() as conn:
+            assert await conn.run_sync(functions) == 1
+    finally:
+        await engines.dispose()
+        await _pg_admin(f'DROP SCHEMA "{schema}" CASCADE')
