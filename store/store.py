@@ -45,6 +45,7 @@ from store.writes import Claim, Writes
 log = logging.getLogger(__name__)
 
 _PARENTS_KEPT = 100_000  # claimed tasks' parents remembered (PostgreSQL's fast path)
+_CONVERSATIONS_KNOWN = 10_000  # by id, for `known_conversation`
 _KNOWN_PER_QUERY = 500  # well under SQLite's bound-parameter limit
 # One index probe per id on PostgreSQL: a plain `IN (...)` is planned from statistics, and
 # on a never-analyzed table (a fresh import, autovacuum off) it filters the whole channel.
@@ -77,6 +78,8 @@ class Store:
         # wakes no parent can be one statement on PostgreSQL, and on SQLite one that need
         # not read the parent back. Parents never change.
         self._parents: dict[str, str | None] = {}
+        # Each conversation as last read here (`known_conversation`).
+        self._known: dict[int, Conversation] = {}
 
     @property
     def single_node(self) -> bool:
@@ -244,8 +247,21 @@ class Store:
         return await self._read(lambda conn: _reads.conversation(conn, key))
 
     async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
-        return await self._conversation(conversations.c.id == conversation_id,
-                                        f"no conversation id {conversation_id}")
+        conversation = await self._conversation(conversations.c.id == conversation_id,
+                                                f"no conversation id {conversation_id}")
+        if len(self._known) >= _CONVERSATIONS_KNOWN:
+            self._known.clear()
+        self._known[conversation_id] = conversation
+        return conversation
+
+    async def known_conversation(self, conversation_id: int) -> Conversation:
+        """The conversation as this store last read it, read only if it never was. Its
+        key, owner, scope, meta and fork never change once it is made, so callers that need
+        only those ask here (a turn asked five times); its positions (`last_seq`,
+        `head_seq`) may be old: `get_conversation_by_id` reads them now."""
+        known = self._known.get(conversation_id)
+        return known if known is not None else await self.get_conversation_by_id(
+            conversation_id)
 
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:

@@ -144,3 +144,30 @@ async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
                 ).scalar()
     assert (await store.get_conversation("k")).key == "k"
     assert await store._read(backend) != pid
+
+
+async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(store):
+    """What never changes in a conversation (key, owner, scope) is read once per store; its
+    positions are read again whenever `get_conversation_by_id` is asked."""
+    made = await store.ensure_conversation("slack:C1:1.0", owner="U1", scope="private:U1")
+    reads = 0
+    read = store._read
+
+    async def counted(fn):
+        nonlocal reads
+        reads += 1
+        return await read(fn)
+
+    store._read = counted
+    first = await store.known_conversation(made.id)
+    assert (first.key, first.owner, first.scope, reads) == ("slack:C1:1.0", "U1",
+                                                            "private:U1", 1)
+    writes = Writes()
+    writes.append(made.id, "user", "hello")
+    await store.commit(writes)
+    again = await store.known_conversation(made.id)
+    assert (again.key, again.last_seq, reads) == ("slack:C1:1.0", 0, 1)  # not read again
+    assert (await store.get_conversation_by_id(made.id)).last_seq == 1
+    assert ((await store.known_conversation(made.id)).last_seq, reads) == (1, 2)
+    with pytest.raises(NotFound):
+        await store.known_conversation(made.id + 1)

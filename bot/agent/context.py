@@ -10,9 +10,11 @@ the budget; they count towards the budget like text (older text gives way to the
 Older images are their note in the text, and their blobs stay in the home directory.
 """
 
+import asyncio
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, fields, replace
 from zoneinfo import ZoneInfo
 
@@ -421,14 +423,22 @@ def _with_pending(window: Window, conversation: Conversation,
 
 async def build_request(store: Store, config: Config, conversation_id: int, *,
                         tools: list[ToolSpec], model: str, upto: int | None = None,
-                        facts: str = "", cache: ContextCache | None = None,
+                        facts: str | Awaitable[str] = "", cache: ContextCache | None = None,
                         recall=None, pending: list[NewEntry] = ()) -> Assembled:
-    """The request for the model. `recall(conversation, text, in_window)` may return
-    memories found outside the window for the newest message; they go last but one.
-    `pending`: entries of this conversation not committed yet, that the request is committed
-    with (a turn's tool results): the request holds them as if they had landed."""
-    conversation = await store.get_conversation_by_id(conversation_id)
-    ratio = await tokens_per_char(store, conversation_id)
+    """The request for the model. `facts`: the long-term facts block, or what reads it
+    (read alongside the conversation: a turn waits for the slowest read, not the sum).
+    `recall(conversation, text, in_window)` may return memories found outside the window
+    for the newest message; they go last but one. `pending`: entries of this conversation
+    not committed yet, that the request is committed with (a turn's tool results): the
+    request holds them as if they had landed."""
+    if isinstance(facts, str):
+        conversation, ratio = await asyncio.gather(
+            store.get_conversation_by_id(conversation_id),
+            tokens_per_char(store, conversation_id))
+    else:
+        conversation, ratio, facts = await asyncio.gather(
+            store.get_conversation_by_id(conversation_id),
+            tokens_per_char(store, conversation_id), facts)
     window_tokens = config.llm.context_window - config.llm.max_output_tokens
     prompt = system_prompt(config)
     if facts:
@@ -487,5 +497,5 @@ async def assemble(store: Store, config: Config, conversation_id: int, *,
 
     return await build_request(
         store, config, conversation_id, tools=tools, model=model, upto=upto, cache=cache,
-        facts=await facts_for(store, conversation_id, config.compaction.facts_chars),
+        facts=facts_for(store, conversation_id, config.compaction.facts_chars),
         recall=recalled, pending=pending)

@@ -30,7 +30,7 @@ class Deliver(Effect):
         if channel is None:
             raise NotPerformed(f"channel {name!r} is not enabled in this process")
         store = self.deps.store
-        conversation = await store.get_conversation_by_id(ctx.task.conversation_id)
+        conversation = await store.known_conversation(ctx.task.conversation_id)
         reply_to = ctx.inputs.get("reply_to", {})
         ref_of = getattr(channel, "withdrawal_ref", None)
         ref = ref_of(reply_to) if ref_of is not None else None

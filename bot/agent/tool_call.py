@@ -42,7 +42,7 @@ class ToolCallTask(Effect):
                       "reply_to": turn.inputs.get("reply_to", {})}
             zone = await self._zone_of(turn)
         if ctx.task.conversation_id is not None:
-            key = (await self.deps.store.get_conversation_by_id(ctx.task.conversation_id)).key
+            key = (await self.deps.store.known_conversation(ctx.task.conversation_id)).key
         # The key the turn reserved for this call (`<turn>.<round>.<n>`); a task spawned
         # before keys were given falls back to its own id, which is as stable.
         return ToolContext(store=self.deps.store, task_id=ctx.task.id,

@@ -116,7 +116,7 @@ class Turn(TaskDef):
         caps = self.deps.config.limits
         if not caps.limited:
             return None
-        owner = (await self.store.get_conversation_by_id(ctx.task.conversation_id)).owner
+        owner = (await self.store.known_conversation(ctx.task.conversation_id)).owner
         verdict = await budget.check(self.store, self.deps.config, owner)
         if verdict.over is not None:
             return self._answer(ctx, budget.over_notice(verdict.over, caps.currency))
@@ -166,7 +166,7 @@ class Turn(TaskDef):
 
     async def _asking(self, ctx: TaskContext) -> Asking:
         conv_id = ctx.task.conversation_id
-        conversation = await self.store.get_conversation_by_id(conv_id)
+        conversation = await self.store.known_conversation(conv_id)
         # The person who asked (in a shared thread not always the one who started it);
         # turns stored before it was an input fall back to the conversation's owner.
         who = ctx.inputs.get(ASKER) or conversation.owner

@@ -81,7 +81,7 @@ def relevant_facts(items: list[dict], recent_text: str, budget_chars: int) -> st
 async def facts_for(store: Store, conversation_id: int, budget_chars: int) -> str:
     """The facts block for a conversation's context: its scope's facts, the most relevant
     to what was said lately first when they do not all fit."""
-    conversation = await store.get_conversation_by_id(conversation_id)
+    conversation = await store.known_conversation(conversation_id)
     items = await read_facts(store, conversation.scope)
     if not items:
         return ""
@@ -93,7 +93,7 @@ async def facts_for(store: Store, conversation_id: int, budget_chars: int) -> st
 async def _scope(ctx: ToolContext) -> str:
     if ctx.conversation_id is None:
         return "private:local"
-    return (await ctx.store.get_conversation_by_id(ctx.conversation_id)).scope
+    return (await ctx.store.known_conversation(ctx.conversation_id)).scope
 
 
 async def _edit(ctx: ToolContext, change: Callable[[TrackedDict], None]) -> str:

@@ -51,7 +51,7 @@ class _Timeline:
 
     async def _parent(self, conversation_id: int) -> tuple[int | None, int | None]:
         c = (self.conversation if conversation_id == self.conversation.id
-             else await self.store.get_conversation_by_id(conversation_id))
+             else await self.store.known_conversation(conversation_id))
         return c.parent_id, c.fork_at
 
     async def _root_of(self, conversation_id: int) -> int:

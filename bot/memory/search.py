@@ -88,7 +88,7 @@ async def search_history(
     with its date, conversation and neighbouring messages."""
     if ctx.conversation_id is None:
         return "error: search_history needs a conversation"
-    conversation = await ctx.store.get_conversation_by_id(ctx.conversation_id)
+    conversation = await ctx.store.known_conversation(ctx.conversation_id)
     zone = await _zone(ctx.timezone)
     asking = await _asking_turn(ctx)
     hits = await remember(ctx.store, query, scopes=await visible_scopes(ctx.store, conversation),

@@ -130,7 +130,7 @@ async def schedule(
 async def _caller(ctx: ToolContext) -> str | None:
     if ctx.conversation_id is None:
         return None
-    return (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
+    return (await ctx.store.known_conversation(ctx.conversation_id)).owner
 
 
 async def _may_touch(ctx: ToolContext, s: Schedule) -> bool:
@@ -159,7 +159,7 @@ async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
     if deliver_to == "email":
         asker = None  # known by address only when asked by mail
         if ctx.conversation_id is not None and origin["channel"] == "email":
-            asker = (await ctx.store.get_conversation_by_id(ctx.conversation_id)).owner
+            asker = (await ctx.store.known_conversation(ctx.conversation_id)).owner
         address = email or asker
         if not address:
             return "error: deliver_to=email needs an `email` address"
