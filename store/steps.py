@@ -1,15 +1,17 @@
 """A step of the common shape as fixed statements: what an inbound message, a phase of a
-turn, a tool call or a delivery writes (submissions, entries, new tasks, usage, wakes, and
-the task's own update with the wake it owes). Built with SQLAlchemy on every commit, such
-a step cost PostgreSQL ~5 ms of client time and round trips where the statements take ~1.
+turn, a tool call or a delivery writes (submissions, entries, new tasks, deliveries, usage,
+wakes, and the task's own update with the wake it owes). Built with SQLAlchemy on every
+commit, such a step cost PostgreSQL ~5 ms of client time and round trips where the
+statements take ~1.
 
 On SQLite the step is a plan, a generator that yields each statement and is sent back
 what it returned, run by `on_sqlite` on the writer thread's connection. On PostgreSQL the
 same statements, in the same order, are one call of `steward_step` (migration 0015): one
-round trip, autocommitted, where the client's statements were six or seven (`on_postgres`).
-Both are fed the same rows (`_submission_rows` ... `_usage_rows`). Anything else a step may
-hold (documents, schedules, withdrawals, spawns with a dedupe key, a sleeper's
-`wake_if_settled`) goes through `store/commit.py`, which does the same in the same order.
+round trip, autocommitted, where the client's statements were six or seven, and the claim
+that takes the step's slot rides in it (`on_postgres`). Both are fed the same rows
+(`_submission_rows` ... `_usage_rows`). Anything else a step may hold (documents,
+schedules, withdrawals, a sleeper's `wake_if_settled`) goes through `store/commit.py`,
+which does the same in the same order.
 """
 
 from collections.abc import Generator
@@ -48,6 +50,14 @@ _TASK = f"""
 INSERT INTO tasks (id, kind, parent_id, conversation_id, state, phase, inputs, idem_key,
                    attempts, crashes, run_after, created_at, updated_at)
 VALUES (?1, ?2, ?3, ?4, '{PENDING}', '', ?5, ?6, 0, 0, ?7, ?8, ?8)"""
+# A spawn with a dedupe key (a delivery): nothing if that key is there already, and the
+# id of whichever task holds it is the spawn's.
+_TASK_DEDUPE = f"""
+INSERT INTO tasks (id, kind, parent_id, conversation_id, state, phase, inputs, idem_key,
+                   attempts, crashes, run_after, created_at, updated_at, dedupe_key)
+VALUES (?1, ?2, ?3, ?4, '{PENDING}', '', ?5, ?6, 0, 0, ?7, ?8, ?8, ?9)
+ON CONFLICT (dedupe_key) DO NOTHING"""
+_DEDUPED = "SELECT id FROM tasks WHERE dedupe_key = ?1"
 _USAGE = """
 INSERT INTO usage (task_id, conversation_id, provider, model, input_tokens, output_tokens,
                    cache_read_tokens, cache_write_tokens, cost_usd, ok, error, created_at)
@@ -65,8 +75,7 @@ def fits(writes: Writes) -> bool:
     """Whether the step is of the common shape (and so `plan` writes all of it)."""
     u = writes.task_update
     return not (writes.documents or writes.schedules
-                or writes.withdrawals or (u is not None and u.wake_if_settled)
-                or any(nt.dedupe_key is not None for nt in writes.tasks))
+                or writes.withdrawals or (u is not None and u.wake_if_settled))
 
 
 # -- the rows, the same for both ---------------------------------------------------------
@@ -102,10 +111,12 @@ def _entry_rows(writes: Writes, t: float) -> list[tuple]:
 
 
 def _task_rows(writes: Writes, t: float) -> list[tuple]:
-    """(id, kind, parent, conversation, inputs, idempotency key, run after)."""
+    """(id, kind, parent, conversation, inputs, idempotency key, run after, dedupe key)."""
     return [(storable(nt.id), storable(nt.kind), nt.parent_id, nt.conversation_id,
              json_text(nt.inputs), None if nt.idem_key is None else storable(nt.idem_key),
-             max(float(nt.run_after), t)) for nt in writes.tasks]
+             max(float(nt.run_after), t),
+             None if nt.dedupe_key is None else storable(nt.dedupe_key))
+            for nt in writes.tasks]
 
 
 def _usage_rows(writes: Writes) -> list[tuple]:
@@ -118,10 +129,11 @@ def _usage_rows(writes: Writes) -> list[tuple]:
 
 def _wakes_self(u: TaskUpdate, writes: Writes) -> bool:
     """Whether a waiting task is to be woken at once (its wait may be over already). Not
-    when it waits for all of the children this very step spawned: they are pending."""
+    when it waits for all of the children this very step spawned: they are pending (a
+    spawn with a dedupe key may have found an older task, settled or not)."""
     if u.state != WAITING:
         return False
-    spawned = any(nt.parent_id == u.task_id for nt in writes.tasks)
+    spawned = any(nt.parent_id == u.task_id and nt.dedupe_key is None for nt in writes.tasks)
     return not (spawned and u.wait_mode != "fail_fast")
 
 
@@ -155,8 +167,18 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
             result.entry_seqs.append(seq)
         yield ("many", _ENTRY, rows)
     if writes.tasks:
-        yield ("many", _TASK, [(*row, t) for row in _task_rows(writes, t)])
-        result.task_ids.extend(nt.id for nt in writes.tasks)
+        rows = _task_rows(writes, t)
+        if all(row[-1] is None for row in rows):
+            yield ("many", _TASK, [(*row[:-1], t) for row in rows])
+            result.task_ids.extend(nt.id for nt in writes.tasks)
+        else:  # in order, each deduped one as it goes
+            for row in rows:
+                if row[-1] is None:
+                    yield ("run", _TASK, (*row[:-1], t))
+                    result.task_ids.append(row[0])
+                else:
+                    yield ("run", _TASK_DEDUPE, (*row[:-1], t, row[-1]))
+                    result.task_ids.append((yield ("value", _DEDUPED, (row[-1],))))
     if writes.usage:
         yield ("many", _USAGE, [(*row, t) for row in _usage_rows(writes)])
     if (u := writes.task_update) is not None:
@@ -206,7 +228,7 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
 
 # -- PostgreSQL: one call of steward_step --------------------------------------------------
 
-_CALL = "SELECT * FROM steward_step(" + ", ".join(f"${i}" for i in range(1, 64)) + ")"
+_CALL = "SELECT * FROM steward_step(" + ", ".join(f"${i}" for i in range(1, 65)) + ")"
 _NO_UPDATE = (None,) * 18
 
 
@@ -242,7 +264,7 @@ def call_args(writes: Writes, t: float, parent: str | None = "?",
     else:
         update = _NO_UPDATE
     return (t, *_columns(_submission_rows(writes), 7), *reserved, *entry_columns,
-            *_columns(_task_rows(writes, t), 7), *_columns(_usage_rows(writes), 11),
+            *_columns(_task_rows(writes, t), 8), *_columns(_usage_rows(writes), 11),
             *update, list(writes.wakes) or None,
             *_claim_args(claim, t))
 
@@ -271,7 +293,9 @@ async def on_postgres(conn, writes: Writes, t: float, parent: str | None = "?",
         if exc.sqlstate == "SW003":
             raise LookupError(exc.args[0] if exc.args else "no conversation") from None
         raise
-    result = CommitResult(task_ids=[nt.id for nt in writes.tasks])
+    deduped = iter(rows[0]["deduped_ids"] or ())
+    result = CommitResult(task_ids=[nt.id if nt.dedupe_key is None else next(deduped)
+                                    for nt in writes.tasks])
     if writes.entries:
         counts, _ = reservations(writes.entries)
         next_seq = dict(zip(sorted(counts), rows[0]["seq_bases"], strict=True))

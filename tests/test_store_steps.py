@@ -72,6 +72,29 @@ async def _land(store, general: bool) -> dict:
     claim = Claim("w", 1, 60.0)
     [task] = await store.claim(claim)
     result = await _commit_either(store, _spawned_and_said(conv.id, task.id, "w"), general)
+    # A delivery, then the same delivery again (a phase run twice): the second finds the
+    # first, beside a plain spawn made in between.
+    [child] = await store.claim(claim)
+    delivered = []
+    for n in range(2):
+        w = Writes()
+        w.deliver("deliver", {"text": "hi"}, key="k.answer", parent_id=child.id,
+                  conversation_id=conv.id)
+        w.spawn("note", {"n": n}, conversation_id=conv.id)
+        w.task_update = TaskUpdate(child.id, "w", WAITING, f"sent{n}", wait_mode="all")
+        got = await _commit_either(store, w, general)
+        delivered.append(got.task_ids[0])
+        assert got.task_ids[1] == w.tasks[1].id
+        if n == 0:
+            assert got.task_ids[0] == w.tasks[0].id
+            [_] = await store.claim(claim)  # the delivery, which the next step finds
+            [again] = await store.claim(Claim("w", 1, 60.0))  # the first note
+            assert again.kind == "note"
+            # The child is running again (as after a crash) and spawns the same delivery.
+            await store._write(lambda conn, c=child.id: conn.execute(
+                tasks.update().where(tasks.c.id == c).values(state="running",
+                                                              lease_owner="w")))
+    assert delivered[0] == delivered[1]
     async with store._engines.read.connect() as conn:
         said = (await conn.execute(select(entries.c.seq, entries.c.kind, entries.c.author,
                                           entries.c.text, entries.c.data, entries.c.ref,
@@ -81,9 +104,9 @@ async def _land(store, general: bool) -> dict:
                                               conversations.c.head_seq))).one()
         made = (await conn.execute(select(
             tasks.c.kind, tasks.c.parent_id == root, tasks.c.state, tasks.c.phase,
-            tasks.c.inputs, tasks.c.checkpoint, tasks.c.idem_key, tasks.c.wait_mode,
-            tasks.c.attempts, tasks.c.crashes, tasks.c.lease_owner).order_by(tasks.c.kind)
-        )).all()
+            tasks.c.inputs, tasks.c.checkpoint, tasks.c.idem_key, tasks.c.dedupe_key,
+            tasks.c.wait_mode, tasks.c.attempts, tasks.c.crashes, tasks.c.lease_owner)
+            .order_by(tasks.c.kind, tasks.c.inputs))).all()
         taken = (await conn.execute(select(
             submissions.c.channel, submissions.c.external_id, submissions.c.task_id == root,
             submissions.c.state, submissions.c.reason, submissions.c.payload)
@@ -93,6 +116,7 @@ async def _land(store, general: bool) -> dict:
             usage.c.output_tokens, usage.c.cache_read_tokens, usage.c.cost_usd, usage.c.ok,
             usage.c.error))).all()
     return {"seqs": result.entry_seqs, "spawned": len(result.task_ids),
+            "delivered": [t == delivered[0] for t in delivered],
             "entries": [tuple(r) for r in said],
             "conversation": tuple(conv_row), "tasks": [tuple(r) for r in made],
             "usage": [tuple(r) for r in spent], "submissions": [tuple(r) for r in taken]}
@@ -112,7 +136,9 @@ async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
     general, fixed = landed
     assert fixed == general
     assert fixed["seqs"] == [2, 3, 4] and fixed["conversation"] == (4, 3)
-    assert [t[2] for t in fixed["tasks"]] == [PENDING, WAITING]  # the child, the turn
+    assert [(t[0], t[2]) for t in fixed["tasks"]] == [
+        ("child", WAITING), ("deliver", "running"), ("note", "running"), ("note", PENDING),
+        ("turn", WAITING)]
     assert [s[1] for s in fixed["submissions"]] == ["bad", "e1", "e2"]
 
 

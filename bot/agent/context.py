@@ -403,9 +403,29 @@ class Assembled:
 
 def request_chars(request: Request) -> int:
     """The request's size in characters, an image counted as the characters it is worth."""
-    return sum(len(m.content) + sum(len(str(c.arguments)) + 50 for c in m.tool_calls)
-               + sum(i.chars for i in m.images)
-               for m in request.messages) + sum(len(str(t.parameters)) for t in request.tools)
+    n = 0
+    for m in request.messages:  # a plain loop: hundreds of messages, twice per model call
+        n += len(m.content)
+        if m.tool_calls:
+            n += sum(len(str(c.arguments)) + 50 for c in m.tool_calls)
+        if m.images:
+            n += sum(i.chars for i in m.images)
+    return n + sum(schema_chars(t.parameters) for t in request.tools)
+
+
+_SCHEMAS: dict[int, tuple[dict, int]] = {}  # a tool's schema is the same dict every turn
+
+
+def schema_chars(parameters: dict) -> int:
+    """`len(str(parameters))`, worked out once per schema."""
+    hit = _SCHEMAS.get(id(parameters))
+    if hit is not None and hit[0] is parameters:
+        return hit[1]
+    if len(_SCHEMAS) >= 1024:
+        _SCHEMAS.clear()
+    chars = len(str(parameters))
+    _SCHEMAS[id(parameters)] = (parameters, chars)  # kept: the id names this one dict
+    return chars
 
 
 def _with_pending(window: Window, conversation: Conversation,
@@ -443,7 +463,7 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     prompt = system_prompt(config)
     if facts:
         prompt += "\n\nWhat you know about the people here (long-term memory):\n" + facts
-    fixed = len(prompt) + sum(len(str(t.parameters)) + len(t.description) for t in tools)
+    fixed = len(prompt) + sum(schema_chars(t.parameters) + len(t.description) for t in tools)
     budget = max(int(window_tokens / ratio) - fixed, 2000)
     if cache is not None:
         window = await cache.window(store, conversation, budget)

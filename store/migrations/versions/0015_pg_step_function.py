@@ -1,19 +1,19 @@
 """A step of the common shape as one call on PostgreSQL: `steward_step(...)`.
 
 Sent from the client as separate statements inside a transaction, such a step (an entry,
-a spawned child, the task's update) was six or seven round trips: BEGIN, the
+a spawned child or a delivery, the task's update) was six or seven round trips: BEGIN, the
 conversation's positions, the entries, the tasks, the update, its wake, COMMIT. This
 function does the same statements, in the same order (`store/steps.py` `plan`), on the
 server: one autocommitted statement, one round trip; and then, if asked, the claim of what
-takes the step's slot (`store/hotpath.py` CLAIM_PG), which a separate round trip made after
-the commit before. Each statement inside sees what the
-ones before it wrote, and under READ COMMITTED a fresh snapshot, as when the client sent
-them (a settling child locks its parent before it looks at the parent's other children).
+takes the step's slot (`store/hotpath.py` CLAIM_PG), which was a round trip of its own
+after the commit. Each statement inside sees what the ones before it wrote, and under
+READ COMMITTED a fresh snapshot, as when the client sent them (a settling child locks its
+parent before it looks at the parent's other children).
 
 Every argument is an array (one element per row) or a scalar; NULL for "none". It returns
-each conversation's first new position (`seq_bases`) beside each task claimed, or beside
-NULL when none was. What
-cannot be done undoes the whole call and says why by SQLSTATE: SW001 an external id
+each conversation's first new position (`seq_bases`) and the ids the spawns with a dedupe
+key found or made (`deduped_ids`), beside each task claimed, or beside NULL when none was.
+What cannot be done undoes the whole call and says why by SQLSTATE: SW001 an external id
 seen before, SW002 the task's lease is gone, SW003 no such conversation.
 
 SQLite has no functions of this kind and needs none: its steps run on the writer's own
@@ -39,7 +39,7 @@ _SIGNATURE = """steward_step(
     e_at int[], e_offset bigint[], e_kind text[], e_author text[], e_text text[],
     e_data text[], e_ref text[], e_task text[], e_created float8[],
     t_id text[], t_kind text[], t_parent text[], t_conv bigint[], t_inputs text[],
-    t_idem text[], t_run_after float8[],
+    t_idem text[], t_run_after float8[], t_dedupe text[],
     g_task text[], g_conv bigint[], g_provider text[], g_model text[], g_in int[],
     g_out int[], g_cache_read int[], g_cache_write int[], g_cost float8[], g_ok bool[],
     g_error text[],
@@ -68,6 +68,7 @@ _RIDES = ("(phase = '' AND checkpoint IS NULL AND kind = ANY(c_kinds) "
 _BODY = f"""
 DECLARE
     bases bigint[] := '{{}}';  -- each conversation's first new position
+    deduped text[] := '{{}}';  -- the ids of the spawns with a dedupe key, in order
     last bigint;
     landed bigint;
     par text;
@@ -113,9 +114,22 @@ BEGIN
                            idem_key, attempts, crashes, run_after, created_at, updated_at)
         SELECT x.id, x.kind, x.parent, x.conv, 'pending', '', x.inputs, x.idem, 0, 0,
                x.run_after, p_now, p_now
-        FROM unnest(t_id, t_kind, t_parent, t_conv, t_inputs, t_idem, t_run_after)
-             WITH ORDINALITY AS x(id, kind, parent, conv, inputs, idem, run_after, n)
+        FROM unnest(t_id, t_kind, t_parent, t_conv, t_inputs, t_idem, t_run_after, t_dedupe)
+             WITH ORDINALITY AS x(id, kind, parent, conv, inputs, idem, run_after, dedupe, n)
+        WHERE x.dedupe IS NULL
         ORDER BY x.n;
+        -- A spawn with a dedupe key (a delivery) is nothing if the key is there already;
+        -- the id of whichever task holds it is the spawn's.
+        FOR i IN 1 .. cardinality(t_id) LOOP
+            CONTINUE WHEN t_dedupe[i] IS NULL;
+            INSERT INTO tasks (id, kind, parent_id, conversation_id, state, phase, inputs,
+                               idem_key, attempts, crashes, run_after, created_at,
+                               updated_at, dedupe_key)
+            VALUES (t_id[i], t_kind[i], t_parent[i], t_conv[i], 'pending', '', t_inputs[i],
+                    t_idem[i], 0, 0, t_run_after[i], p_now, p_now, t_dedupe[i])
+            ON CONFLICT (dedupe_key) DO NOTHING;
+            deduped := deduped || (SELECT id FROM tasks WHERE dedupe_key = t_dedupe[i]);
+        END LOOP;
     END IF;
 
     IF g_task IS NOT NULL THEN
@@ -165,6 +179,7 @@ BEGIN
         WHERE id = ANY(w_ids) AND state = 'pending';
     END IF;
     seq_bases := bases;
+    deduped_ids := deduped;
     IF c_owner IS NOT NULL THEN  -- the claim that takes the freed slot (hotpath CLAIM_PG)
         RETURN QUERY
         WITH expired AS (
@@ -187,7 +202,7 @@ BEGIN
                 AS picked
             WHERE tasks.id = picked.id
             RETURNING tasks.*)
-        SELECT bases, claimed::tasks FROM claimed;
+        SELECT bases, deduped, claimed::tasks FROM claimed;
         IF FOUND THEN
             RETURN;
         END IF;
@@ -200,8 +215,8 @@ END"""
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    op.execute(text(f"CREATE OR REPLACE FUNCTION {_SIGNATURE} "
-                    "RETURNS TABLE (seq_bases bigint[], claimed_task tasks) "
+    op.execute(text(f"CREATE OR REPLACE FUNCTION {_SIGNATURE} RETURNS TABLE ("
+                    "seq_bases bigint[], deduped_ids text[], claimed_task tasks) "
                     f"LANGUAGE plpgsql AS $step${_BODY}$step$"))
 
 
