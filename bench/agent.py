@@ -107,10 +107,16 @@ class CountingStore(Store):
         self.counts["statements through SQLAlchemy"] += 1
 
     async def _read(self, fn):
+        return await self._counted_read(super()._read, fn)
+
+    async def _lookup(self, fn):
+        return await self._counted_read(super()._lookup, fn)
+
+    async def _counted_read(self, read, fn):
         self.counts["reads"] += 1
         start = time.perf_counter()
         try:
-            return await super()._read(fn)
+            return await read(fn)
         finally:
             if self.timing:
                 self.times["read"].append(time.perf_counter() - start)

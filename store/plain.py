@@ -50,26 +50,59 @@ class Result:
         return self._rows[0][0] if self._rows else None
 
 
-class PlainConnection:
-    """A read-only connection to an SQLite file; each query runs in a thread."""
+def row_type(names: tuple[str, ...]) -> type[Row]:
+    """The `Row` class for a result's column names (made once per shape of result)."""
+    made = _ROW_TYPES.get(names)
+    if made is None:
+        if len(_ROW_TYPES) >= 512:  # queries are a fixed set: this is only a safety net
+            _ROW_TYPES.clear()
+        made = _ROW_TYPES[names] = type("Row", (Row,), {
+            "__slots__": (), "_names": {n: i for i, n in enumerate(names)}})
+    return made
+
+
+_ROW_TYPES: dict[tuple[str, ...], type[Row]] = {}
+
+
+class TextConnection:
+    """Text SQL with `:name` parameters straight on a driver (what `run` takes besides an
+    SQLAlchemy connection): `await conn.execute(sql, params)` gives a `Result` of `Row`s."""
 
     dialect = "sqlite"
+
+    async def execute(self, sql: str, params: dict | None = None) -> Result:
+        raise NotImplementedError
+
+
+def fetch(db: sqlite3.Connection, sql: str, params: dict | None) -> list[Row]:
+    cur = db.execute(sql, params or {})
+    if cur.description is None:
+        return []
+    row = row_type(tuple(d[0] for d in cur.description))
+    return [row(r) for r in cur.fetchall()]
+
+
+class InlineSqlite(TextConnection):
+    """Over a connection this thread owns (a store reader's): each statement is done by
+    the time it is awaited, so a read runs whole through `store.writer.run_inline`."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    async def execute(self, sql: str, params: dict | None = None) -> Result:
+        return Result(fetch(self._db, sql, params))
+
+
+class PlainConnection(TextConnection):
+    """A read-only connection to an SQLite file; each query runs in a thread."""
 
     def __init__(self, path: str):
         self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = asyncio.Lock()  # one statement at a time on the one connection
 
-    def _fetch(self, sql: str, params: dict | None) -> list[Row]:
-        cur = self._db.execute(sql, params or {})
-        if cur.description is None:
-            return []
-        row = type("Row", (Row,), {"__slots__": (), "_names": {
-            d[0]: i for i, d in enumerate(cur.description)}})
-        return [row(r) for r in cur.fetchall()]
-
     async def execute(self, sql: str, params: dict | None = None) -> Result:
         async with self._lock:
-            return Result(await asyncio.to_thread(self._fetch, sql, params))
+            return Result(await asyncio.to_thread(fetch, self._db, sql, params))
 
     async def close(self) -> None:
         await asyncio.to_thread(self._db.close)
@@ -77,8 +110,8 @@ class PlainConnection:
 
 async def run(conn, sql: str, params: dict | None = None):
     """`sql` with named parameters on `conn`: an SQLAlchemy async connection or a
-    `PlainConnection`."""
-    if isinstance(conn, PlainConnection):
+    `TextConnection`."""
+    if isinstance(conn, TextConnection):
         return await conn.execute(sql, params)
     from sqlalchemy import text
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from store.writer import Session, settle
+from store.writer import Session, run_inline, settle
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,13 @@ class SqliteReaders:
         self._idle = 0  # threads waiting for a read
         self._closed = False
 
-    async def run(self, fn: Callable[[Any], Coroutine]) -> Any:
+    async def run(self, fn: Callable[[Any], Coroutine], *, text: bool = False) -> Any:
         """`await fn(conn)` on a reader's connection, in one read transaction; `fn` awaits
-        nothing but `conn.execute` (`store.writer.run_inline`)."""
+        nothing but `conn.execute` (`store.writer.run_inline`). `conn` is an SQLAlchemy
+        connection, or with `text` a `store.plain.TextConnection` on the driver."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((fn, loop, future))
+        self._queue.put((fn, text, loop, future))
         self._more_if_busy()
         return await future
 
@@ -95,12 +96,12 @@ class SqliteReaders:
 
     @staticmethod
     def _read(raw: sqlite3.Connection, session: Session, job) -> None:
-        fn, loop, future = job
+        fn, text, loop, future = job
         value, error = None, None
         try:
             raw.execute("BEGIN")
             try:
-                value = session.inline(fn)
+                value = run_inline(fn(session.text)) if text else session.inline(fn)
             finally:
                 if raw.in_transaction:
                     raw.execute("COMMIT")  # a read: nothing to commit but its snapshot's end
@@ -119,7 +120,7 @@ class SqliteReaders:
         if job is _STOP:
             self._queue.put(_STOP)
             return
-        _, loop, future = job
+        *_, loop, future = job
         try:
             loop.call_soon_threadsafe(settle, future, None, exc)
         except RuntimeError:

@@ -1,10 +1,24 @@
-"""The reads behind the transcript commands, as text SQL that runs on the store's own
-connections and on a bare `store.plain.PlainConnection` (the CLI's fast path): one
-statement each, so `steward sessions` and `log` need no SQLAlchemy."""
+"""The store's lookups and the reads behind the transcript commands, as text SQL that
+runs straight on a driver (`store.plain.TextConnection`: a store reader's SQLite
+connection, a hot-path asyncpg one, the CLI's bare `PlainConnection`) or on an SQLAlchemy
+connection. A lookup is one statement: the turn makes about twenty, and through
+SQLAlchemy each cost two to three times what the driver spends on it; and `steward
+sessions` and `log` need no SQLAlchemy at all."""
 
 from store.errors import NotFound
 from store.plain import run
-from store.records import Conversation, Entry, conversation_from_row, entry_from_row, storable
+from store.records import (
+    DONE,
+    TERMINAL,
+    Conversation,
+    Entry,
+    Task,
+    conversation_from_row,
+    entry_from_row,
+    loads,
+    storable,
+    task_from_row,
+)
 
 CONVERSATION = ('id, "key", owner, parent_id, fork_at, last_seq, meta, created_at, '
                 'updated_at, scope, head_seq')
@@ -16,6 +30,14 @@ async def conversation(conn, key: str) -> Conversation:
                      {"key": storable(key)})).first()
     if row is None:
         raise NotFound(f"no conversation {key!r}")
+    return conversation_from_row(row)
+
+
+async def conversation_by_id(conn, conversation_id: int) -> Conversation:
+    row = (await run(conn, f"SELECT {CONVERSATION} FROM conversations WHERE id = :id",
+                     {"id": conversation_id})).first()
+    if row is None:
+        raise NotFound(f"no conversation id {conversation_id}")
     return conversation_from_row(row)
 
 
@@ -70,3 +92,63 @@ async def entries_page(conn, conversation_id: int, *, before: int | None,
                       "LIMIT :limit", params)).all()
     page = [entry_from_row(r) for r in rows]
     return page if after is not None else page[::-1]
+
+
+async def entry_of_task(conn, conversation_id: int, task_id: str) -> Entry | None:
+    row = (await run(conn, f"SELECT {ENTRY} FROM entries WHERE task_id = :task AND "
+                     "conversation_id = :c ORDER BY seq LIMIT 1",
+                     {"task": storable(task_id), "c": conversation_id})).first()
+    return None if row is None else entry_from_row(row)
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+_TERMINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+
+
+async def task(conn, task_id: str) -> Task:
+    row = (await run(conn, "SELECT * FROM tasks WHERE id = :id",
+                     {"id": storable(task_id)})).first()
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return task_from_row(row, lenient=True)
+
+
+async def task_outcome(conn, task_id: str) -> tuple:
+    row = (await run(conn, "SELECT state, result, error FROM tasks WHERE id = :id",
+                     {"id": storable(task_id)})).first()
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return row.state, loads(row.result, table="tasks", row_id=task_id,
+                            column="result"), row.error
+
+
+async def last_result(conn, kind: str, conversation_id: int):
+    row = (await run(conn, "SELECT id, result FROM tasks WHERE conversation_id = :c AND "
+                     f"kind = :kind AND state = '{DONE}' ORDER BY id DESC LIMIT 1",
+                     {"c": conversation_id, "kind": storable(kind)})).first()
+    return None if row is None else loads(row.result, table="tasks", row_id=row.id,
+                                          column="result")
+
+
+_TASK_FILTERS = (("state", "state = :state"), ("kind", "kind = :kind"),
+                 ("parent_id", "parent_id = :parent_id"),
+                 ("conversation_id", "conversation_id = :conversation_id"),
+                 ("after_id", "id > :after_id"), ("before_id", "id < :before_id"))
+
+
+async def tasks_page(conn, *, limit: int, active: bool | None = None,
+                     newest_first: bool = False, **where) -> list[Task]:
+    """Tasks in id order (`Store.list_tasks`); `where`: the filters given, by name."""
+    params = {"limit": limit}
+    conditions = []
+    for name, condition in _TASK_FILTERS:
+        value = where.get(name)
+        if value is not None:
+            conditions.append(condition)
+            params[name] = storable(value) if isinstance(value, str) else value
+    if active is not None:
+        conditions.append(f"state {'NOT ' if active else ''}IN ({_TERMINAL})")
+    sql = (f"SELECT * FROM tasks {'WHERE ' if conditions else ''}{' AND '.join(conditions)} "
+           f"ORDER BY id{' DESC' if newest_first else ''} LIMIT :limit")
+    return [task_from_row(r, lenient=True) for r in (await run(conn, sql, params)).all()]

@@ -19,9 +19,7 @@ from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
 from store.errors import NotFound
 from store.records import (
-    DONE,
     RUNNING,
-    TERMINAL,
     CommitResult,
     Conversation,
     DocumentVersion,
@@ -30,14 +28,11 @@ from store.records import (
     Task,
     conversation_from_row,
     dumps,
-    entry_from_row,
-    loads,
     now,
     schedule_from_row,
-    task_from_row,
 )
 from store.revision import at_head
-from store.schema import conversations, entries, storable, submissions, tasks, usage
+from store.schema import conversations, storable, submissions, tasks, usage
 from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
 from store.writes import Claim, Writes
@@ -220,6 +215,30 @@ class Store:
         async with engine.connect() as conn:
             return await fn(conn)
 
+    async def _lookup(self, fn):
+        """`await fn(conn)` with `conn` a `store.plain.TextConnection` straight on the
+        driver, for the text SQL of store/reads.py: on SQLite a reader thread's
+        connection, as `_read`; on PostgreSQL a hot-path asyncpg connection, one round
+        trip a statement, and a read whose connection the server dropped is sent again
+        once, on a new one."""
+        if self._readers is not None:
+            return await self._readers.run(fn, text=True)
+        import asyncpg
+
+        from store.lookups import AsyncpgText
+
+        pool = await self._engines.pool()
+        try:
+            async with pool.acquire() as conn:
+                return await fn(AsyncpgText(conn))
+        except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+                asyncpg.PostgresConnectionError, asyncpg.AdminShutdownError):
+            # Gone (a restart, a broken network, a terminated backend), and left by the
+            # pool (HotPool keeps a connection only after a statement the server refused).
+            log.info("store: a lookup's connection was gone; reading again")
+        async with pool.acquire() as conn:
+            return await fn(AsyncpgText(conn))
+
     async def _first(self, statement):
         """The first row `statement` reads, or None."""
         async def read(conn):
@@ -233,22 +252,17 @@ class Store:
 
         return await self._read(read)
 
-    async def _conversation(self, condition, missing: str) -> Conversation:
-        row = await self._first(select(conversations).where(condition))
-        if row is None:
-            raise NotFound(missing)
-        return conversation_from_row(row)
 
     def reading(self):
         """A read connection, for the text SQL of store/reads.py, search.py, vectors.py."""
         return self._engines.read.connect()
 
     async def get_conversation(self, key: str) -> Conversation:
-        return await self._read(lambda conn: _reads.conversation(conn, key))
+        return await self._lookup(lambda conn: _reads.conversation(conn, key))
 
     async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
-        conversation = await self._conversation(conversations.c.id == conversation_id,
-                                                f"no conversation id {conversation_id}")
+        conversation = await self._lookup(
+            lambda conn: _reads.conversation_by_id(conn, conversation_id))
         if len(self._known) >= _CONVERSATIONS_KNOWN:
             self._known.clear()
         self._known[conversation_id] = conversation
@@ -265,7 +279,8 @@ class Store:
 
     async def list_conversations(self, *, limit: int = 50,
                                  before_id: int | None = None) -> list[Conversation]:
-        return await self._read(lambda conn: _reads.conversations_page(conn, limit, before_id))
+        return await self._lookup(lambda conn: _reads.conversations_page(conn, limit,
+                                                                          before_id))
 
     async def fork(self, key: str, new_key: str, *, at_seq: int | None = None) -> Conversation:
         """A new conversation that sees `key`'s entries up to `at_seq` (default: all of
@@ -298,24 +313,18 @@ class Store:
         """One page of a transcript in order, by cursor: the `limit` entries just before
         position `before` (default: the newest), or just after position `after`. A fork's
         page includes its ancestors' entries up to the fork point."""
-        return await self._read(lambda conn: _reads.entries_page(
+        return await self._lookup(lambda conn: _reads.entries_page(
             conn, conversation_id, before=before, after=after, limit=limit))
 
     async def entry_of_task(self, conversation_id: int, task_id: str) -> Entry | None:
         """The first entry a task wrote in a conversation (e.g. a turn's user message)."""
-        row = await self._first(
-            select(entries).where(entries.c.task_id == task_id,
-                                  entries.c.conversation_id == conversation_id)
-            .order_by(entries.c.seq).limit(1))
-        return None if row is None else entry_from_row(row)
+        return await self._lookup(lambda conn: _reads.entry_of_task(conn, conversation_id,
+                                                                     task_id))
 
     # -- tasks -------------------------------------------------------------------------
 
     async def get_task(self, task_id: str) -> Task:
-        row = await self._first(select(tasks).where(tasks.c.id == task_id))
-        if row is None:
-            raise NotFound(f"no task {task_id}")
-        return task_from_row(row, lenient=True)
+        return await self._lookup(lambda conn: _reads.task(conn, task_id))
 
     async def list_tasks(self, *, state: str | None = None, kind: str | None = None,
                          parent_id: str | None = None, conversation_id: int | None = None,
@@ -323,41 +332,20 @@ class Store:
                          after_id: str | None = None, before_id: str | None = None,
                          newest_first: bool = False) -> list[Task]:
         """Tasks in id (creation) order, filtered; `active` = not in a terminal state."""
-        order = tasks.c.id.desc() if newest_first else tasks.c.id
-        query = select(tasks).order_by(order).limit(limit)
-        for column, value in ((tasks.c.state, state), (tasks.c.kind, kind),
-                              (tasks.c.parent_id, parent_id),
-                              (tasks.c.conversation_id, conversation_id)):
-            if value is not None:
-                query = query.where(column == value)
-        if active is not None:
-            terminal = tasks.c.state.in_(list(TERMINAL))
-            query = query.where(~terminal if active else terminal)
-        if after_id is not None:
-            query = query.where(tasks.c.id > after_id)
-        if before_id is not None:
-            query = query.where(tasks.c.id < before_id)
-        return [task_from_row(r, lenient=True) for r in await self._all(query)]
+        return await self._lookup(lambda conn: _reads.tasks_page(
+            conn, limit=limit, active=active, newest_first=newest_first, state=state,
+            kind=kind, parent_id=parent_id, conversation_id=conversation_id,
+            after_id=after_id, before_id=before_id))
 
     async def last_result(self, *, kind: str, conversation_id: int) -> Any:
         """The result of the newest finished task of a kind in a conversation (only that
         column is read: task inputs can be large)."""
-        row = await self._first(
-            select(tasks.c.id, tasks.c.result)
-            .where(tasks.c.conversation_id == conversation_id, tasks.c.kind == kind,
-                   tasks.c.state == DONE)
-            .order_by(tasks.c.id.desc()).limit(1))
-        return None if row is None else loads(row.result, table="tasks", row_id=row.id,
-                                                column="result")
+        return await self._lookup(lambda conn: _reads.last_result(conn, kind,
+                                                                   conversation_id))
 
     async def task_outcome(self, task_id: str) -> tuple[str, Any, str | None]:
         """(state, result, error) of a task, without reading its inputs."""
-        row = await self._first(select(tasks.c.state, tasks.c.result, tasks.c.error)
-                                .where(tasks.c.id == task_id))
-        if row is None:
-            raise NotFound(f"no task {task_id}")
-        return row.state, loads(row.result, table="tasks", row_id=task_id,
-                                column="result"), row.error
+        return await self._lookup(lambda conn: _reads.task_outcome(conn, task_id))
 
     async def count_tasks(self) -> dict[str, int]:
         rows = await self._all(select(tasks.c.state, func.count()).group_by(tasks.c.state))

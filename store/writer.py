@@ -23,6 +23,8 @@ from typing import Any
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
+from store.plain import InlineSqlite
+
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 256  # jobs per transaction: bounds how long the first of them waits
@@ -63,6 +65,7 @@ class Session:
         self._engine = engine
         self._sa = engine.connect()
         self.conn = InlineConnection(self._sa)
+        self.text = InlineSqlite(raw)  # text SQL straight on the driver (store/reads.py)
 
     def inline(self, fn: Callable[[InlineConnection], Coroutine]) -> Any:
         return run_inline(fn(self.conn))

@@ -142,8 +142,23 @@ async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
     async with store._engines.write.connect() as conn:
         assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                 ).scalar()
-    assert (await store.get_conversation("k")).key == "k"
     assert await store._read(backend) != pid
+
+
+@postgres_only
+async def test_a_lookup_whose_connection_the_server_dropped_is_sent_again(store):
+    """Lookups (store/reads.py on the hot path's asyncpg connections) the same."""
+    await store.ensure_conversation("k")
+
+    async def backend(conn):
+        return (await conn.execute("SELECT pg_backend_pid() AS pid")).scalar()
+
+    pid = await store._lookup(backend)  # its connection now idle in the hot pool
+    async with store._engines.write.connect() as conn:
+        assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                ).scalar()
+    assert (await store.get_conversation("k")).key == "k"
+    assert await store._lookup(backend) != pid
 
 
 async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(store):
@@ -151,14 +166,14 @@ async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(st
     positions are read again whenever `get_conversation_by_id` is asked."""
     made = await store.ensure_conversation("slack:C1:1.0", owner="U1", scope="private:U1")
     reads = 0
-    read = store._read
+    read = store._lookup
 
     async def counted(fn):
         nonlocal reads
         reads += 1
         return await read(fn)
 
-    store._read = counted
+    store._lookup = counted
     first = await store.known_conversation(made.id)
     assert (first.key, first.owner, first.scope, reads) == ("slack:C1:1.0", "U1",
                                                             "private:U1", 1)
