@@ -10,8 +10,8 @@ same statements, in the same order, are one call of `steward_step` (migration 00
 round trip, autocommitted, where the client's statements were six or seven, and the claim
 that takes the step's slot rides in it (`on_postgres`). Both are fed the same rows
 (`_submission_rows` ... `_usage_rows`). Anything else a step may hold (documents,
-schedules, withdrawals, a sleeper's `wake_if_settled`) goes through `store/commit.py`,
-which does the same in the same order.
+schedules, withdrawals) goes through `store/commit.py`, which does the same in the same
+order.
 """
 
 from collections.abc import Generator
@@ -58,6 +58,12 @@ INSERT INTO tasks (id, kind, parent_id, conversation_id, state, phase, inputs, i
 VALUES (?1, ?2, ?3, ?4, '{PENDING}', '', ?5, ?6, 0, 0, ?7, ?8, ?8, ?9)
 ON CONFLICT (dedupe_key) DO NOTHING"""
 _DEDUPED = "SELECT id FROM tasks WHERE dedupe_key = ?1"
+# A sleeper that waits for other tasks (a turn for the older one) is due at once if any of
+# them settled before it went to sleep: ?1 the sleeper, ?2 those tasks (a JSON list).
+_WAKE_IF_SETTLED = f"""
+UPDATE tasks SET run_after = 0.0 WHERE id = ?1 AND EXISTS (
+    SELECT 1 FROM tasks o WHERE o.id IN (SELECT value FROM json_each(?2))
+    AND o.state IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL))}))"""
 _USAGE = """
 INSERT INTO usage (task_id, conversation_id, provider, model, input_tokens, output_tokens,
                    cache_read_tokens, cache_write_tokens, cost_usd, ok, error, created_at)
@@ -73,9 +79,7 @@ Op = tuple[str, str, object]
 
 def fits(writes: Writes) -> bool:
     """Whether the step is of the common shape (and so `plan` writes all of it)."""
-    u = writes.task_update
-    return not (writes.documents or writes.schedules
-                or writes.withdrawals or (u is not None and u.wake_if_settled))
+    return not (writes.documents or writes.schedules or writes.withdrawals)
 
 
 # -- the rows, the same for both ---------------------------------------------------------
@@ -199,6 +203,8 @@ def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
         parent = row[0]
     elif (yield ("count", UPDATE_KNOWN_PARENT, params)) != 1:
         raise LeaseLost(u.task_id, u.owner)
+    if u.state == PENDING and u.wake_if_settled:  # one writer: no lock needed first
+        yield ("run", _WAKE_IF_SETTLED, (u.task_id, json_text(list(u.wake_if_settled))))
     if wake_self:
         yield ("run", WAKE_SQLITE, (u.task_id, t))
     elif u.state in TERMINAL and parent is not None:
@@ -228,8 +234,8 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
 
 # -- PostgreSQL: one call of steward_step --------------------------------------------------
 
-_CALL = "SELECT * FROM steward_step(" + ", ".join(f"${i}" for i in range(1, 65)) + ")"
-_NO_UPDATE = (None,) * 18
+_CALL = "SELECT * FROM steward_step(" + ", ".join(f"${i}" for i in range(1, 66)) + ")"
+_NO_UPDATE = (None,) * 19
 
 
 def _columns(rows: list[tuple], width: int) -> tuple:
@@ -260,7 +266,9 @@ def call_args(writes: Writes, t: float, parent: str | None = "?",
     if (u := writes.task_update) is not None:
         p = update_params(u, t)  # ?1 ... ?15 of UPDATE_SQL; ?10 is now, passed first
         update = (*p[:9], *p[10:], parent != "?", None if parent == "?" else parent,
-                  _wakes_self(u, writes), u.state in TERMINAL)
+                  _wakes_self(u, writes), u.state in TERMINAL,
+                  list(u.wake_if_settled) if u.state == PENDING and u.wake_if_settled
+                  else None)
     else:
         update = _NO_UPDATE
     return (t, *_columns(_submission_rows(writes), 7), *reserved, *entry_columns,

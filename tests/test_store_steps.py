@@ -239,3 +239,33 @@ async def test_the_step_function_goes_with_its_migration():
     finally:
         await engines.dispose()
         await _pg_admin(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+async def test_a_sleeper_waiting_for_another_task_is_due_at_once_only_if_it_settled(store):
+    """A turn sleeping until the older turn of its conversation settles: its step is of
+    the common shape too, and it is due at once when that turn has ended already."""
+    conv = await store.ensure_conversation("k")
+    first = Writes()
+    older, newer = (first.spawn("turn", {"n": n}, conversation_id=conv.id) for n in (1, 2))
+    await store.commit(first)
+    claimed = {t.id: t for t in await store.claim(Claim("w", 2, 60.0))}
+    assert set(claimed) == {older, newer}
+    later = 10 ** 10
+
+    def sleep() -> Writes:
+        w = Writes()
+        w.task_update = TaskUpdate(newer, "w", PENDING, "", run_after=later,
+                                   wake_if_settled=[older])
+        assert _steps.fits(w)
+        return w
+
+    await store.commit(sleep())
+    assert (await store.get_task(newer)).run_after == later  # the older one still runs
+    done = Writes()
+    done.task_update = TaskUpdate(older, "w", DONE, "", result={})
+    await store.commit(done)
+    # It runs again (woken, or its wait checked) and finds the older one over.
+    await store._write(lambda conn: conn.execute(tasks.update().where(
+        tasks.c.id == newer).values(state="running", lease_owner="w")))
+    await store.commit(sleep())
+    assert (await store.get_task(newer)).run_after == 0.0  # settled already: due now

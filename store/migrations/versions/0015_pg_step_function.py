@@ -47,6 +47,7 @@ _SIGNATURE = """steward_step(
     u_error text, u_wait_mode text, u_run_after float8, u_keep_lease bool, u_attempts int,
     u_progressed bool, u_inputs text, u_failure text,
     u_parent_known bool, u_parent text, u_wake_self bool, u_settles bool,
+    u_wake_if_settled text[],
     w_ids text[],
     c_owner text, c_expires float8, c_limit int, c_kinds text[], c_ride text,
     c_ride_below int)"""
@@ -146,6 +147,12 @@ BEGIN
     END IF;
 
     IF u_id IS NOT NULL THEN  -- fenced by the lease
+        IF u_wake_if_settled IS NOT NULL THEN
+            -- A sleeper that waits for other tasks locks them before its own row, the
+            -- order a settling task takes (its row, then ours): the check below then sees
+            -- one settled, or its wake finds us pending.
+            PERFORM 1 FROM tasks WHERE id = ANY(u_wake_if_settled) ORDER BY id FOR SHARE;
+        END IF;
         UPDATE tasks SET state = u_state, phase = u_phase, checkpoint = u_checkpoint,
             result = u_result, error = u_error, wait_mode = u_wait_mode,
             run_after = u_run_after, updated_at = p_now,
@@ -163,6 +170,11 @@ BEGIN
         END IF;
         IF u_parent_known THEN
             par := u_parent;
+        END IF;
+        IF u_wake_if_settled IS NOT NULL THEN  -- due at once if one settled already
+            UPDATE tasks SET run_after = 0.0 WHERE id = u_id AND EXISTS (
+                SELECT 1 FROM tasks o WHERE o.id = ANY(u_wake_if_settled)
+                AND o.state IN ('done', 'failed', 'interrupted'));
         END IF;
         IF u_wake_self THEN
             {_WAKE.format(id="u_id").strip()}
