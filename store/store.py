@@ -185,6 +185,10 @@ class Store:
                                   scope: str | None = None) -> Conversation:
         """The conversation with this key, created if new. `scope` says who may see what
         was said in it (default: private to its owner)."""
+        try:  # the common case, every inbound message: one lookup, no write transaction
+            return await self.get_conversation(key)
+        except NotFound:
+            pass
         t = now()
 
         async def ensure(conn):

@@ -186,3 +186,23 @@ async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(st
     assert ((await store.known_conversation(made.id)).last_seq, reads) == (1, 2)
     with pytest.raises(NotFound):
         await store.known_conversation(made.id + 1)
+
+
+async def test_ensuring_a_conversation_that_exists_is_a_lookup_not_a_write(store):
+    """Every inbound message ensures its conversation: one that exists is looked up, with
+    no write transaction (on the acknowledgement's path); a new one is made once."""
+    writes = 0
+    write = store._write
+
+    async def counted(fn):
+        nonlocal writes
+        writes += 1
+        return await write(fn)
+
+    store._write = counted
+    made = await store.ensure_conversation("slack:C1:1.0", owner="U1")
+    assert writes == 1
+    again = await store.ensure_conversation("slack:C1:1.0", owner="someone else")
+    assert (again.id, again.owner, writes) == (made.id, "U1", 1)
+    both = await asyncio.gather(*(store.ensure_conversation("new") for _ in range(3)))
+    assert len({c.id for c in both}) == 1
