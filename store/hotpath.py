@@ -89,9 +89,11 @@ RETURNING tasks.*"""
 
 # ?1 id, ?2 owner, ?3 state, ?4 phase, ?5 checkpoint, ?6 result, ?7 error, ?8 wait mode,
 # ?9 run_after, ?10 now, ?11 keep the lease, ?12 attempts (NULL: as they are),
-# ?13 progressed (deaths forgotten), ?14 inputs (NULL: as they are), ?15 the error's kind.
-# Fenced by the lease.
-UPDATE_SQL = f"""
+# ?13 progressed (deaths forgotten), ?14 inputs (NULL: as they are), ?15 the error's kind,
+# ?16 'running'. Fenced by the lease. The state it must be in is a bound parameter: written
+# in, it is ix_tasks_leases' own condition, and PostgreSQL took that small index for the
+# row, reading every entry of it (the dead ones too), where the primary key finds one.
+UPDATE_SQL = """
 UPDATE tasks SET state = ?3, phase = ?4, checkpoint = ?5, result = ?6, error = ?7,
     wait_mode = ?8, run_after = ?9, updated_at = ?10,
     lease_owner = CASE WHEN ?11 THEN lease_owner END,
@@ -100,14 +102,14 @@ UPDATE tasks SET state = ?3, phase = ?4, checkpoint = ?5, result = ?6, error = ?
     crashes = CASE WHEN ?13 THEN 0 ELSE crashes END,
     crashed_since = CASE WHEN ?13 THEN NULL ELSE crashed_since END,
     inputs = coalesce(?14, inputs), failure = ?15
-WHERE id = ?1 AND lease_owner = ?2 AND state = '{RUNNING}'
+WHERE id = ?1 AND lease_owner = ?2 AND state = ?16
 RETURNING parent_id"""
 # The same when the task's parent is known (`Store` remembers those of the tasks it
 # claimed): RETURNING costs SQLite a temporary table per statement.
 UPDATE_KNOWN_PARENT = UPDATE_SQL.replace("\nRETURNING parent_id", "")
 
 # A lone update and the claim of what takes its slot, as one statement on PostgreSQL: the
-# update's parameters, then the claim's shifted past them (?16 owner ... ?22). Nothing is
+# update's parameters, then the claim's shifted past them (?17 owner ... ?23). Nothing is
 # claimed unless the update landed, and never the task being updated.
 def _after(sql: str, by: int) -> str:
     return re.sub(r"\?(\d+)", lambda m: f"?{int(m.group(1)) + by}", sql)
@@ -116,12 +118,12 @@ def _after(sql: str, by: int) -> str:
 _NOT_IT = " AND id <> ?1"
 UPDATE_THEN_CLAIM_PG = f"""
 WITH finished AS ({UPDATE_SQL}),
-expired AS ({_after(_EXPIRED, 15).replace(" ORDER BY", _NOT_IT + " ORDER BY")}
+expired AS ({_after(_EXPIRED, 16).replace(" ORDER BY", _NOT_IT + " ORDER BY")}
             FOR UPDATE SKIP LOCKED),
-due AS ({_after(_DUE, 15).replace(" ORDER BY", _NOT_IT + " ORDER BY")} FOR UPDATE SKIP LOCKED),
+due AS ({_after(_DUE, 16).replace(" ORDER BY", _NOT_IT + " ORDER BY")} FOR UPDATE SKIP LOCKED),
 claimed AS (
-    UPDATE tasks SET {_after(_SET_CLAIMED + _SET_RIDES.format(rides=_RIDES_PG), 15)}
-    FROM {_PICKED.format(limit="?19")}
+    UPDATE tasks SET {_after(_SET_CLAIMED + _SET_RIDES.format(rides=_RIDES_PG), 16)}
+    FROM {_PICKED.format(limit="?20")}
     WHERE tasks.id = picked.id AND EXISTS (SELECT 1 FROM finished)
     RETURNING tasks.*)
 SELECT (SELECT count(*) FROM finished) AS finished, claimed.*
@@ -184,7 +186,8 @@ def update_params(u: TaskUpdate, t: float) -> tuple:
     return (storable(u.task_id), storable(u.owner), u.state, storable(u.phase),
             json_text(u.checkpoint), json_text(u.result),
             None if u.error is None else storable(u.error), u.wait_mode, float(u.run_after),
-            t, u.state == RUNNING, u.attempts, u.progressed, json_text(u.inputs), u.failure)
+            t, u.state == RUNNING, u.attempts, u.progressed, json_text(u.inputs), u.failure,
+            RUNNING)
 
 
 def claimed_tasks(rows, block) -> list[Task]:

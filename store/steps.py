@@ -265,7 +265,7 @@ def call_args(writes: Writes, t: float, parent: str | None = "?",
         reserved, entry_columns = (None,) * 3, (None,) * 9
     if (u := writes.task_update) is not None:
         p = update_params(u, t)  # ?1 ... ?15 of UPDATE_SQL; ?10 is now, passed first
-        update = (*p[:9], *p[10:], parent != "?", None if parent == "?" else parent,
+        update = (*p[:9], *p[10:15], parent != "?", None if parent == "?" else parent,
                   _wakes_self(u, writes), u.state in TERMINAL,
                   list(u.wake_if_settled) if u.state == PENDING and u.wake_if_settled
                   else None)

@@ -405,3 +405,67 @@ async def test_the_queues_other_queries_read_only_live_work(store):
             assert all(any(index in line for index in _LIVE) for line in scans), plan
         else:
             assert "Seq Scan on tasks" not in plan, (statement, plan)
+
+
+async def _plans_inside_a_step(store, writes: Writes, claim: Claim | None) -> str:
+    """The plans `steward_step` runs for one step, as auto_explain reports them to the
+    client (nested statements included), on a hot-path connection: the generic plans."""
+    from store import steps as _steps
+
+    logged: list[str] = []
+    async with (await store._engines.pool()).acquire() as conn:
+        conn.add_log_listener(lambda _conn, message: logged.append(message.message))
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute("SET auto_explain.log_min_duration = 0; "
+                           "SET auto_explain.log_nested_statements = on; "
+                           "SET client_min_messages = log")
+        try:
+            await _steps.on_postgres(conn, writes, now(), "?", claim)
+        finally:
+            await conn.execute("RESET client_min_messages; "
+                               "RESET auto_explain.log_min_duration")
+            conn.remove_log_listener(logged.append)
+    await asyncio.sleep(0)  # log messages are delivered by call_soon
+    return "\n".join(logged)
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_tasks_own_update_finds_it_by_its_key_not_along_a_queue_index(store):
+    """The fenced update names its task by id and reads `state = 'running'`, which is
+    ix_tasks_leases' condition: with a queue and a history (6,000 queued, 5,000 done) and
+    one task running, PostgreSQL took that small index for it, a scan of every entry in it,
+    the dead ones too until vacuum, where the primary key finds one row (measured: 65
+    buffers and 0.11 ms of a 0.33 ms step). The same for the sleepers a step wakes
+    (`state = 'pending'`, ix_tasks_ready's condition)."""
+    async with store._engines.write.begin() as conn:
+        await conn.execute(insert(tasks), _task_rows(6_000))
+        await conn.execute(insert(tasks), _task_rows(5_000, state=DONE))
+        await conn.execute(insert(tasks), _task_rows(1, state=RUNNING, lease_owner="w",
+                                                     lease_expires=now() + 3600))
+        await conn.execute(text("ANALYZE tasks"))
+    plans = {}
+    plan = await explain_claim(store._engines, 1, after_update=True)
+    plans["update then claim"] = plan.split("CTE finished", 1)[1].split("CTE expired")[0]
+    update_params = _hot.update_params(TaskUpdate("x", "x", DONE, ""), now())
+    async with (await store._engines.pool()).acquire() as conn:
+        await conn.execute(f"PREPARE lone AS {_hot.UPDATE_ASYNCPG}")
+        plans["lone update"] = "\n".join(r[0] for r in await conn.fetch(
+            f"EXPLAIN EXECUTE lone({', '.join(['NULL'] * len(update_params))})"))
+        await conn.execute("DEALLOCATE lone")
+
+    [task] = await store.claim_tasks("me", 1, 60.0)
+    sleeper = new_id()
+    async with store._engines.write.begin() as conn:
+        await conn.execute(insert(tasks), [dict(_task_rows(1, run_after=now() + 3600)[0],
+                                                id=sleeper)])
+    writes = Writes()
+    writes.wakes.append(sleeper)
+    writes.task_update = TaskUpdate(task.id, "me", DONE, "", result={"ok": True})
+    logged = (await _plans_inside_a_step(store, writes, Claim("me", 1, 60.0)))
+    statements = logged.split("duration:")
+    [plans["steward_step's update"]] = [s for s in statements if "lease_owner = u_owner" in s]
+    [plans["steward_step's wakes"]] = [s for s in statements if "id = ANY(w_ids)" in s]
+    wrong = {name: plan for name, plan in plans.items()
+             if "tasks_pkey" not in plan or "ix_tasks_leases" in plan
+             or "ix_tasks_ready" in plan}
+    assert not wrong, "\n\n".join(f"{name}:\n{plan}" for name, plan in wrong.items())

@@ -73,6 +73,10 @@ DECLARE
     last bigint;
     landed bigint;
     par text;
+    -- The state a task's own update requires, as a variable (a parameter of the plan):
+    -- written in, it is ix_tasks_leases' condition, and the planner took that small index
+    -- for the row (every entry of it read, the dead ones too) where the key finds one.
+    running text := 'running';
 BEGIN
     IF s_channel IS NOT NULL THEN
         INSERT INTO submissions (channel, external_id, conversation_id, task_id, state,
@@ -162,7 +166,7 @@ BEGIN
             crashes = CASE WHEN u_progressed THEN 0 ELSE crashes END,
             crashed_since = CASE WHEN u_progressed THEN NULL ELSE crashed_since END,
             inputs = coalesce(u_inputs, inputs), failure = u_failure
-        WHERE id = u_id AND lease_owner = u_owner AND state = 'running'
+        WHERE id = u_id AND lease_owner = u_owner AND state = running
         RETURNING parent_id INTO par;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'task % is no longer leased to %', u_id, u_owner
