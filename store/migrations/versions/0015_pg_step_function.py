@@ -73,10 +73,12 @@ DECLARE
     last bigint;
     landed bigint;
     par text;
-    -- The state a task's own update requires, as a variable (a parameter of the plan):
-    -- written in, it is ix_tasks_leases' condition, and the planner took that small index
-    -- for the row (every entry of it read, the dead ones too) where the key finds one.
+    -- The states the statements naming tasks by id require, as variables (parameters of
+    -- the plan): written in, they are ix_tasks_leases' and ix_tasks_ready's conditions,
+    -- and the planner took those indexes for the rows (every entry read, the dead ones
+    -- too) where the key finds them.
     running text := 'running';
+    pending text := 'pending';
 BEGIN
     IF s_channel IS NOT NULL THEN
         INSERT INTO submissions (channel, external_id, conversation_id, task_id, state,
@@ -192,7 +194,7 @@ BEGIN
 
     IF w_ids IS NOT NULL THEN  -- sleepers woken early, after our own row
         UPDATE tasks SET run_after = 0.0, updated_at = p_now
-        WHERE id = ANY(w_ids) AND state = 'pending';
+        WHERE id = ANY(w_ids) AND state = pending;
     END IF;
     seq_bases := bases;
     deduped_ids := deduped;
