@@ -161,29 +161,34 @@ async def test_a_lookup_whose_connection_the_server_dropped_is_sent_again(store)
     assert await store._lookup(backend) != pid
 
 
+def _counting(store, method: str) -> list[int]:
+    """Count the calls of one of the store's `fn`-taking seams (`_lookup`, `_write`)."""
+    calls = [0]
+    inner = getattr(store, method)
+
+    async def counted(fn):
+        calls[0] += 1
+        return await inner(fn)
+
+    setattr(store, method, counted)
+    return calls
+
+
 async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(store):
     """What never changes in a conversation (key, owner, scope) is read once per store; its
     positions are read again whenever `get_conversation_by_id` is asked."""
     made = await store.ensure_conversation("slack:C1:1.0", owner="U1", scope="private:U1")
-    reads = 0
-    read = store._lookup
-
-    async def counted(fn):
-        nonlocal reads
-        reads += 1
-        return await read(fn)
-
-    store._lookup = counted
+    reads = _counting(store, "_lookup")
     first = await store.known_conversation(made.id)
-    assert (first.key, first.owner, first.scope, reads) == ("slack:C1:1.0", "U1",
-                                                            "private:U1", 1)
+    assert (first.key, first.owner, first.scope, reads[0]) == ("slack:C1:1.0", "U1",
+                                                               "private:U1", 1)
     writes = Writes()
     writes.append(made.id, "user", "hello")
     await store.commit(writes)
     again = await store.known_conversation(made.id)
-    assert (again.key, again.last_seq, reads) == ("slack:C1:1.0", 0, 1)  # not read again
+    assert (again.key, again.last_seq, reads[0]) == ("slack:C1:1.0", 0, 1)  # not read again
     assert (await store.get_conversation_by_id(made.id)).last_seq == 1
-    assert ((await store.known_conversation(made.id)).last_seq, reads) == (1, 2)
+    assert ((await store.known_conversation(made.id)).last_seq, reads[0]) == (1, 2)
     with pytest.raises(NotFound):
         await store.known_conversation(made.id + 1)
 
@@ -191,18 +196,10 @@ async def test_a_known_conversation_is_read_once_and_its_positions_when_asked(st
 async def test_ensuring_a_conversation_that_exists_is_a_lookup_not_a_write(store):
     """Every inbound message ensures its conversation: one that exists is looked up, with
     no write transaction (on the acknowledgement's path); a new one is made once."""
-    writes = 0
-    write = store._write
-
-    async def counted(fn):
-        nonlocal writes
-        writes += 1
-        return await write(fn)
-
-    store._write = counted
+    writes = _counting(store, "_write")
     made = await store.ensure_conversation("slack:C1:1.0", owner="U1")
-    assert writes == 1
+    assert writes[0] == 1
     again = await store.ensure_conversation("slack:C1:1.0", owner="someone else")
-    assert (again.id, again.owner, writes) == (made.id, "U1", 1)
+    assert (again.id, again.owner, writes[0]) == (made.id, "U1", 1)
     both = await asyncio.gather(*(store.ensure_conversation("new") for _ in range(3)))
     assert len({c.id for c in both}) == 1
