@@ -26,15 +26,16 @@ import asyncio
 import gc
 import json
 import logging
+import queue
 import random
 import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -48,9 +49,12 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bot.runtime import Effect, Policy, Registry, Runner, RunnerOptions  # noqa: E402
-from store import DONE, TERMINAL, Store, Writes, new_id, open_store  # noqa: E402
-from store.engine import create_engines, migrate  # noqa: E402
+from store import DONE, RUNNING, TERMINAL, Store, Writes, new_id, open_store  # noqa: E402
+from store.engine import _writer_connection, create_engines, migrate  # noqa: E402
+from store.hotpath import UPDATE_KNOWN_PARENT, sqlite_claim, update_params  # noqa: E402
+from store.records import now  # noqa: E402
 from store.schema import conversations, entries, tasks  # noqa: E402
+from store.writes import Claim, TaskUpdate  # noqa: E402
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 KIND_SAFE, KIND_UNSAFE, KIND_IDLE = "bench.safe", "bench.unsafe", "bench.queued"
@@ -165,30 +169,119 @@ async def _pg_floor(url: str, runs: int, commits: int) -> list[float]:
         await conn.close()
 
 
+class _Hop:
+    """A thread that owns one SQLite connection and runs the transactions an event loop
+    sends it: queued to the thread, answered with `call_soon_threadsafe`, the hop the
+    store's writer makes (store/writer.py) and nothing else."""
+
+    def __init__(self, connect):
+        self._connect = connect
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        db = self._connect()
+        try:
+            while (item := self._jobs.get()) is not None:
+                fn, loop, future = item
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                    value = fn(db)
+                    db.execute("COMMIT")
+                except Exception as exc:  # a bench's own bug: shown, never a hang
+                    loop.call_soon_threadsafe(future.set_exception, exc)
+                else:
+                    loop.call_soon_threadsafe(future.set_result, value)
+        finally:
+            db.close()
+
+    async def run(self, fn):
+        """`fn(db)` in one transaction on the thread, once it has committed."""
+        future = asyncio.get_running_loop().create_future()
+        self._jobs.put((fn, asyncio.get_running_loop(), future))
+        return await future
+
+    async def close(self) -> None:
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+
+
 async def _sqlite_floor_from_asyncio(path: str, runs: int, commits: int) -> list[float]:
     """The same commits as `_sqlite_floor`, each sent from the event loop to a thread that
     owns the connection and awaited there: the least an asyncio program pays per commit
-    to keep SQLite's fsync off its loop (one thread hop there and one back), as the
-    store's writer thread does."""
-    loop = asyncio.get_running_loop()
-    with ThreadPoolExecutor(1) as thread:
-        db = await loop.run_in_executor(thread, _floor_db, path)
+    to keep SQLite's fsync off its loop (one thread hop there and one back)."""
+    hop = _Hop(lambda: _floor_db(path))
 
-        def one():
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
-            db.execute("COMMIT")
+    def one(db):
+        db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
 
-        try:
-            out = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                for _ in range(commits):
-                    await loop.run_in_executor(thread, one)
-                out.append(time.perf_counter() - start)
-            return out
-        finally:
-            await loop.run_in_executor(thread, db.close)
+    try:
+        out = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            for _ in range(commits):
+                await hop.run(one)
+            out.append(time.perf_counter() - start)
+        return out
+    finally:
+        await hop.close()
+
+
+async def _sqlite_design_floor(path: str, steps: int, unsafe: bool,
+                               warmup: int = 0) -> list[float]:
+    """The issue's prototype as an asyncio program runs it: the store's own hot-path
+    statements (store/hotpath.py) for a queue worked at c=1, on the raw driver, one hop per
+    transaction (`_Hop`), with no runner, store or step plan around them. Each result
+    commit also claims the next task; an unsafe task's intent is a transaction between.
+    Returns each task's claim -> result time, timed as the sandwich is, after `warmup`
+    untimed tasks (a fresh file's WAL grows at first, as the sandwich's warm-up allows)."""
+    engines = create_engines(f"sqlite+aiosqlite:///{path}")
+    try:
+        await migrate(engines)
+    finally:
+        await engines.dispose()
+    t = time.time()
+    hop = _Hop(lambda: _writer_connection(path))
+    claim = Claim("bench:design", 1, 30.0, claim_id="design")
+    ids = [new_id() for _ in range(warmup + steps)]
+
+    def fill(db):
+        db.executemany(
+            "INSERT INTO tasks (id, kind, state, phase, inputs, attempts, crashes, run_after,"
+            " created_at, updated_at) VALUES (?, 'bench.design', 'pending', '', '{}', 0, 0,"
+            " 0.0, ?, ?)", [(i, t, t) for i in ids])
+
+    def update(db, task_id, state, phase, **kw):
+        u = TaskUpdate(task_id, claim.owner, state, phase, **kw)
+        if db.execute(UPDATE_KNOWN_PARENT, update_params(u, now())).rowcount != 1:
+            raise RuntimeError(f"design floor: task {task_id} not updated")
+
+    def result_then_claim(task_id):
+        def job(db):
+            if task_id is not None:
+                update(db, task_id, DONE, "", result={"ok": True})
+            return sqlite_claim(db, claim, now())
+        return job
+
+    def intent(task_id):
+        return lambda db: update(db, task_id, RUNNING, "effect", checkpoint={"intent": 1})
+
+    try:
+        await hop.run(fill)
+        seconds, task_id, began = [], None, 0.0
+        while True:
+            start = time.perf_counter()
+            claimed = await hop.run(result_then_claim(task_id))
+            if task_id is not None:
+                seconds.append(time.perf_counter() - began)
+            if not claimed:
+                return seconds[warmup:]
+            task_id, began = claimed[0].id, start
+            if unsafe:
+                await hop.run(intent(task_id))
+    finally:
+        await hop.close()
 
 
 async def floor(url: str, commits: int, runs: int = FLOOR_RUNS, *,
@@ -375,6 +468,17 @@ async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
             results["floor from asyncio: 3 commits p50 (ms)"] = hopping[3]
             results["safe p50 / 2-commit floor from asyncio"] = safe / hopping[2]
             results["unsafe p50 / 3-commit floor from asyncio"] = unsafe / hopping[3]
+            # The store's own statements with nothing around them but the hop: what the
+            # runner and the store add over the statements they must run.
+            for label, commits, raw, ours in (("safe", 2, two, safe),
+                                              ("unsafe", 3, three, unsafe)):
+                design = str(Path(make_url(url).database).with_name(f"design-{label}.db"))
+                p50 = p50_p99(await _sqlite_design_floor(design, steps, label == "unsafe",
+                                                         warmup))[0]
+                results[f"design floor from asyncio: {label}, {commits} transactions, "
+                        "p50 (ms)"] = p50
+                results[f"design floor {label} / {commits}-commit floor"] = p50 / raw
+                results[f"{label} p50 / design floor"] = ours / p50
         results["safe step / 2-commit floor"] = results[
             "safe sandwich c=1 wall per step (ms)"] / two
         results["unsafe step / 3-commit floor"] = results[
