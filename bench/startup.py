@@ -1,5 +1,5 @@
-"""CLI start-up: how long a person waits for `steward --help`, `sessions`, `log KEY` and
-`search hello`, each a whole process from exec to exit, on a home with an SQLite store at
+"""CLI start-up: how long a person waits for `steward --help`, `sessions`, `log KEY`,
+`search hello`, `tasks` and `usage`, each a whole process from exec to exit, on a home with an SQLite store at
 the current schema (a conversation of 200 entries). Printed beside two floors measured in
 the same run: the interpreter alone (`python -c pass`) and the standard library any async
 SQLite reader loads (`import asyncio, sqlite3, json, tomllib, argparse`). Runs interleave,
@@ -29,7 +29,8 @@ if __name__ == "__main__":
 
 from store import Writes, open_store  # noqa: E402
 
-COMMANDS = (["--help"], ["sessions"], ["log", "cli:bench"], ["search", "hello"])
+COMMANDS = (["--help"], ["sessions"], ["log", "cli:bench"], ["search", "hello"], ["tasks"],
+            ["usage"])
 FLOORS = {"python -c pass": "pass",
           "stdlib floor": "import asyncio, sqlite3, json, tomllib, argparse"}
 TARGET = 0.3

@@ -190,6 +190,8 @@ class _Hop:
                     value = fn(db)
                     db.execute("COMMIT")
                 except Exception as exc:  # a bench's own bug: shown, never a hang
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
                     loop.call_soon_threadsafe(future.set_exception, exc)
                 else:
                     loop.call_soon_threadsafe(future.set_result, value)

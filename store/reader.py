@@ -1,7 +1,8 @@
 """The store opened only to read, as cheaply as it can be.
 
 An SQLite file already at this build's schema is read through the standard library
-(`store.plain`): `steward sessions`, `log` and `search` then start without SQLAlchemy.
+(`store.plain`): `steward sessions`, `log`, `search`, `tasks`, `schedules`, `quarantine`
+and `usage` then start without SQLAlchemy.
 Anything else (PostgreSQL, a database behind or not there yet) opens the full `Store`,
 which migrates first as every start does. Both answer the same reads, from the same SQL
 (store/reads.py, store/search.py through `reading()`).
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from store import reads as _reads
 from store.plain import PlainConnection
-from store.records import Conversation, Entry
+from store.records import Conversation, Entry, Schedule, Task
 from store.revision import HEAD
 
 _SQLITE_SCHEMES = ("sqlite:///", "sqlite+aiosqlite:///")
@@ -43,6 +44,25 @@ class Reader:
                            after: int | None = None, limit: int = 50) -> list[Entry]:
         return await _reads.entries_page(self._conn, conversation_id, before=before,
                                          after=after, limit=limit)
+
+    async def get_conversation_by_id(self, conversation_id: int) -> Conversation:
+        return await _reads.conversation_by_id(self._conn, conversation_id)
+
+    async def list_tasks(self, *, state: str | None = None, limit: int = 100) -> list[Task]:
+        return await _reads.tasks_page(self._conn, limit=limit, state=state)
+
+    async def list_schedules(self, *, state: str | None = None,
+                             limit: int = 100) -> list[Schedule]:
+        return await _reads.schedules_page(self._conn, state=state, conversation_id=None,
+                                           limit=limit)
+
+    async def list_submissions(self, *, state: str | None = None, channel: str | None = None,
+                               limit: int = 100) -> list[dict]:
+        return await _reads.submissions_page(self._conn, state=state, channel=channel,
+                                             limit=limit)
+
+    async def spend_report(self, since: float, *, day_offset: float = 0.0) -> list[dict]:
+        return await _reads.spend_report(self._conn, since, day_offset, self.dialect)
 
     async def close(self) -> None:
         await self._conn.close()

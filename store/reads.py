@@ -3,7 +3,8 @@ runs straight on a driver (`store.plain.TextConnection`: a store reader's SQLite
 connection, a hot-path asyncpg one, the CLI's bare `PlainConnection`) or on an SQLAlchemy
 connection. A lookup is one statement: the turn makes about twenty, and through
 SQLAlchemy each cost two to three times what the driver spends on it; and `steward
-sessions` and `log` need no SQLAlchemy at all."""
+sessions`, `log`, `tasks`, `schedules`, `quarantine` and `usage` need no SQLAlchemy at
+all."""
 
 from store.errors import NotFound
 from store.plain import run
@@ -12,10 +13,12 @@ from store.records import (
     TERMINAL,
     Conversation,
     Entry,
+    Schedule,
     Task,
     conversation_from_row,
     entry_from_row,
     loads,
+    schedule_from_row,
     storable,
     task_from_row,
 )
@@ -152,3 +155,52 @@ async def tasks_page(conn, *, limit: int, active: bool | None = None,
     sql = (f"SELECT * FROM tasks {'WHERE ' if conditions else ''}{' AND '.join(conditions)} "
            f"ORDER BY id{' DESC' if newest_first else ''} LIMIT :limit")
     return [task_from_row(r, lenient=True) for r in (await run(conn, sql, params)).all()]
+
+
+def _filtered(table: str, filters: dict, order: str) -> tuple[str, dict]:
+    """`SELECT *` of the rows of `table` whose columns equal the filters given (None: no
+    filter), in `order`, up to :limit."""
+    given = {column: value for column, value in filters.items() if value is not None}
+    where = " AND ".join(f"{column} = :{column}" for column in given)
+    params = {k: storable(v) if isinstance(v, str) else v for k, v in given.items()}
+    return f"SELECT * FROM {table} {'WHERE ' if where else ''}{where} ORDER BY {order} " \
+        "LIMIT :limit", params
+
+
+# -- schedules, quarantine, the ledger ---------------------------------------------------
+
+
+async def schedules_page(conn, *, state: str | None, conversation_id: int | None,
+                         limit: int) -> list[Schedule]:
+    """Schedules in id order (`Store.list_schedules`)."""
+    sql, params = _filtered("schedules", {"state": state, "conversation_id": conversation_id},
+                            "id")
+    return [schedule_from_row(r) for r in (await run(conn, sql, {**params,
+                                                                  "limit": limit})).all()]
+
+
+async def submissions_page(conn, *, state: str | None, channel: str | None,
+                           limit: int) -> list[dict]:
+    """Inbound submissions, newest first (`Store.list_submissions`)."""
+    sql, params = _filtered("submissions", {"state": state, "channel": channel}, "id DESC")
+    return [r._mapping for r in (await run(conn, sql, {**params, "limit": limit})).all()]
+
+
+async def spend_report(conn, since: float, day_offset: float, dialect: str) -> list[dict]:
+    """The ledger since `since` by person, model and day (`Store.spend_report`)."""
+    days = "(u.created_at + :offset) / 86400.0"
+    # SQLite's CAST truncates (the same as floor for times after 1970); PostgreSQL's rounds.
+    day = f"floor({days})" if dialect == "postgresql" else f"CAST({days} AS INTEGER)"
+    rows = (await run(conn, f"""
+        SELECT c.owner, u.model, {day} AS day, count(*) AS calls,
+               sum(u.input_tokens) AS input_tokens, sum(u.output_tokens) AS output_tokens,
+               sum(u.cost_usd) AS cost
+        FROM usage u LEFT JOIN conversations c ON c.id = u.conversation_id
+        WHERE u.created_at >= :since
+        GROUP BY 1, 2, 3
+        ORDER BY 3, coalesce(c.owner, ''), 2""",
+                      {"since": since, "offset": day_offset})).all()
+    return [{"owner": r.owner, "model": r.model, "day": int(r.day), "calls": r.calls,
+             "input_tokens": int(r.input_tokens or 0),
+             "output_tokens": int(r.output_tokens or 0), "cost": float(r.cost or 0.0)}
+            for r in rows]

@@ -34,16 +34,6 @@ async def apply(conn, dialect: str, change, t: float, already_done: type[Excepti
                                                     **values))
 
 
-async def listing(conn, *, state: str | None = None, conversation_id: int | None = None,
-                  limit: int = 100) -> list[Schedule]:
-    query = select(schedules).order_by(schedules.c.id).limit(limit)
-    if state is not None:
-        query = query.where(schedules.c.state == state)
-    if conversation_id is not None:
-        query = query.where(schedules.c.conversation_id == conversation_id)
-    return [schedule_from_row(r) for r in (await conn.execute(query)).all()]
-
-
 async def due(conn, t: float, limit: int) -> list[Schedule]:
     query = (select(schedules).where(schedules.c.state == ACTIVE,
                                      schedules.c.next_fire_at <= t)

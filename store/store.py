@@ -3,7 +3,7 @@
 import logging
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, insert, select, text
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import DBAPIError
 
 from store import commit as _commit
@@ -447,7 +447,7 @@ class Store:
     async def list_schedules(self, *, state: str | None = None,
                              conversation_id: int | None = None,
                              limit: int = 100) -> list[Schedule]:
-        return await self._read(lambda conn: _schedules.listing(
+        return await self._lookup(lambda conn: _reads.schedules_page(
             conn, state=state, conversation_id=conversation_id, limit=limit))
 
     async def get_schedule(self, schedule_id: str) -> Schedule:
@@ -500,12 +500,8 @@ class Store:
                                limit: int = 100) -> list[dict[str, Any]]:
         """Inbound submissions, newest first (e.g. state "quarantined": what could not be
         processed, with the reason)."""
-        query = select(submissions).order_by(submissions.c.id.desc()).limit(limit)
-        if state is not None:
-            query = query.where(submissions.c.state == state)
-        if channel is not None:
-            query = query.where(submissions.c.channel == channel)
-        return [dict(r._mapping) for r in await self._all(query)]
+        return await self._lookup(lambda conn: _reads.submissions_page(
+            conn, state=state, channel=channel, limit=limit))
 
     async def usage_totals(self) -> dict[str, Any]:
         row = await self._first(select(
@@ -529,21 +525,8 @@ class Store:
         """The ledger since `since` by person (the conversation's owner), model and day:
         `{"owner", "model", "day" (days since the epoch, shifted by `day_offset` seconds
         to the owner's clock), "calls", "input_tokens", "output_tokens", "cost"}`."""
-        days = (usage.c.created_at + day_offset) / 86400.0
-        # SQLite's CAST truncates (the same as floor for times after 1970); PostgreSQL's rounds.
-        day = func.floor(days) if self.dialect == "postgresql" else cast(days, Integer)
-        query = (select(conversations.c.owner, usage.c.model, day.label("day"), func.count(),
-                        func.sum(usage.c.input_tokens), func.sum(usage.c.output_tokens),
-                        func.sum(usage.c.cost_usd))
-                 .select_from(usage.outerjoin(conversations,
-                                              conversations.c.id == usage.c.conversation_id))
-                 .where(usage.c.created_at >= since)
-                 .group_by(conversations.c.owner, usage.c.model, day)
-                 .order_by(day, func.coalesce(conversations.c.owner, ""), usage.c.model))
-        rows = await self._all(query)
-        return [{"owner": r[0], "model": r[1], "day": int(r[2]), "calls": r[3],
-                 "input_tokens": int(r[4] or 0), "output_tokens": int(r[5] or 0),
-                 "cost": float(r[6] or 0.0)} for r in rows]
+        return await self._lookup(lambda conn: _reads.spend_report(conn, since, day_offset,
+                                                                   self.dialect))
 
     # -- search ------------------------------------------------------------------------
 

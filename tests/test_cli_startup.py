@@ -43,7 +43,8 @@ def test_the_parser_knows_the_stores_task_states():
 
 # -- the commands people run most: no agent, no model client, no Slack, no Alembic ----------
 
-LIGHT = ("sessions", "log cli:x", "search hello")
+LIGHT = ("sessions", "log cli:x", "search hello", "tasks", "schedules --all", "quarantine",
+         "usage")
 # On SQLite at the current schema they read through the standard library (store/reader.py),
 # and once a command has validated the config, they use what it found
 # (bot/app/config_snapshot.py).
@@ -82,8 +83,8 @@ async def test_reading_commands_on_a_current_database_load_no_heavy_code(tmp_pat
 
 
 async def test_every_reading_command_runs_on_the_config_as_last_validated(tmp_path):
-    """The listings that need SQLAlchemy still skip the validator once the config is
-    remembered (bot/app/config_snapshot.py), and read what they need of it."""
+    """Every reading command skips the validator once the config is remembered
+    (bot/app/config_snapshot.py), and reads what it needs of it."""
     home = tmp_path / "home"
     s = await open_store(f"sqlite+aiosqlite:///{home / 'steward.db'}")
     await s.ensure_conversation("cli:x")

@@ -203,3 +203,60 @@ async def test_ensuring_a_conversation_that_exists_is_a_lookup_not_a_write(store
     assert (again.id, again.owner, writes[0]) == (made.id, "U1", 1)
     both = await asyncio.gather(*(store.ensure_conversation("new") for _ in range(3)))
     assert len({c.id for c in both}) == 1
+
+
+async def _listings(source, conv_id: int) -> dict:
+    return {"tasks": await source.list_tasks(),
+            "pending": await source.list_tasks(state="pending", limit=2),
+            "schedules": await source.list_schedules(),
+            "active": await source.list_schedules(state="active"),
+            "quarantined": await source.list_submissions(state="quarantined"),
+            "email": await source.list_submissions(channel="email", limit=1),
+            "spend": await source.spend_report(0.0, day_offset=3600.0),
+            "conversation": await source.get_conversation_by_id(conv_id)}
+
+
+async def test_the_listings_of_the_reading_commands(store, store_url, tmp_path):
+    """`steward tasks`, `schedules`, `quarantine` and `usage` list what the store holds; on
+    an SQLite file the standard library's reader (store/reader.py) lists the same."""
+    from store.reader import open_reader
+    from store.records import UsageRecord
+    from store.writes import ScheduleWrite
+
+    ana = await store.ensure_conversation("cli:ana", owner="ana")
+    w = Writes()
+    spawned = [w.spawn("kind.a", {"i": i}, conversation_id=ana.id) for i in range(3)]
+    w.submit("email", "<m1@x>", conversation_id=ana.id)
+    w.quarantine("email", "<bad@x>", "malformed MIME", payload={"size": 3})
+    w.quarantine("slack", "Ev1", "forged signature")
+    for model, cost in (("m1", 0.5), ("m2", 0.25), ("m1", 1.0)):
+        w.record_usage(UsageRecord(provider="p", model=model, input_tokens=3,
+                                   output_tokens=5, cost_usd=cost, conversation_id=ana.id))
+    w.record_usage(UsageRecord(provider="p", model="m1", cost_usd=2.0))
+    for sid, state in (("s1", "active"), ("s2", "cancelled")):
+        w.save_schedule(ScheduleWrite(id=sid, name=f"n-{sid}", prompt="stretch",
+                                      trigger={"every": 60}, timezone="UTC",
+                                      deliver={"channel": "cli"}, next_fire_at=1e9,
+                                      conversation_id=ana.id, owner="ana", state=state))
+    await store.commit(w)
+    listed = await _listings(store, ana.id)
+    assert [t.id for t in listed["tasks"]] == sorted(spawned)
+    assert len(listed["pending"]) == 2
+    assert [s.id for s in listed["schedules"]] == ["s1", "s2"]
+    assert [s.id for s in listed["active"]] == ["s1"]
+    assert listed["schedules"][0].trigger == {"every": 60}
+    assert [(q["channel"], q["external_id"], q["reason"]) for q in listed["quarantined"]] == [
+        ("slack", "Ev1", "forged signature"), ("email", "<bad@x>", "malformed MIME")]
+    assert [q["external_id"] for q in listed["email"]] == ["<bad@x>"]
+    assert [(r["owner"], r["model"], r["calls"], r["input_tokens"], r["cost"])
+            for r in listed["spend"]] == [(None, "m1", 1, 0, 2.0), ("ana", "m1", 2, 6, 1.5),
+                                          ("ana", "m2", 1, 3, 0.25)]
+    assert listed["conversation"].key == "cli:ana"
+    if not store_url.startswith("sqlite"):
+        return
+    reader = await open_reader(store_url)
+    assert reader is not None  # a file at this build's schema
+    try:
+        assert await _listings(reader, ana.id) == listed
+    finally:
+        await reader.close()

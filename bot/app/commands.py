@@ -1,8 +1,9 @@
 """What each `steward` command does (the parser is `bot/app/cli.py`), and every error that
 ends one as a single line.
 
-Imports are made by the command that needs them: `sessions`, `log` and `search` load the
-store and the config as last validated, not pydantic, the agent, the model clients, Slack
+Imports are made by the command that needs them: the commands that only read (`sessions`,
+`log`, `search`, `tasks`, `schedules`, `quarantine`, `usage`) load the store's reads and
+the config as last validated, not pydantic, the agent, the model clients, Slack
 or Alembic (start-up time is what a person waits for at every command;
 tests/test_cli_startup.py keeps it so)."""
 
@@ -58,7 +59,7 @@ def _emit(rows: list[dict], as_json: bool, columns: list[str], empty: str) -> No
 
 
 async def _tasks(config: Config, args) -> int:
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         found = await store.list_tasks(state=args.state, limit=args.limit)
     rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
              "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
@@ -69,7 +70,7 @@ async def _tasks(config: Config, args) -> int:
 
 
 async def _schedules(config: Config, args) -> int:
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         found = await store.list_schedules(state=None if args.all else "active",
                                            limit=args.limit)
         keys = {}
@@ -89,7 +90,7 @@ async def _schedules(config: Config, args) -> int:
 
 
 async def _quarantine(config: Config, args) -> int:
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         found = await store.list_submissions(state="quarantined", channel=args.channel,
                                              limit=args.limit)
     rows = [{"channel": q["channel"], "external_id": q["external_id"], "reason": q["reason"],
@@ -110,7 +111,7 @@ async def _usage(config: Config, args) -> int:
     offset = now.utcoffset().total_seconds()
     start = now.replace(hour=0, minute=0, second=0, microsecond=0).timestamp() \
         - 86400 * (args.days - 1)
-    async with opened_store(config) as store:
+    async with opened_reader(config) as store:
         found = await store.spend_report(start, day_offset=offset)
     limits = config.limits
     rows = [{"day": datetime.fromtimestamp(r["day"] * 86400, UTC).strftime("%Y-%m-%d"),
