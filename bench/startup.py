@@ -1,10 +1,11 @@
 """CLI start-up: how long a person waits for `steward --help`, `sessions`, `log KEY`,
-`search hello`, `tasks` and `usage`, each a whole process from exec to exit, on a home with an SQLite store at
-the current schema (a conversation of 200 entries). Printed beside two floors measured in
-the same run: the interpreter alone (`python -c pass`) and the standard library any async
-SQLite reader loads (`import asyncio, sqlite3, json, tomllib, argparse`). Runs interleave,
-so a busy minute slows every column alike; the target is 0.3 s. Bytecode is written
-and used, as in an install (PYTHONDONTWRITEBYTECODE is not passed on).
+`search hello`, `tasks` and `usage`, each a whole process from exec to exit, on a home
+with an SQLite store at the current schema (a conversation of 200 entries). Printed beside
+two floors measured in the same run: the interpreter alone (`python -c pass`) and the
+standard library any async SQLite reader loads (`import asyncio, sqlite3, json, tomllib,
+argparse`). Runs interleave, so a busy minute slows every column alike; the target is
+0.3 s. Bytecode is written and used, as in an install (PYTHONDONTWRITEBYTECODE is not
+passed on).
 
 `--build DIR` times another checkout of Steward beside this one, interleaved (its modules
 first on the path; the same virtualenv), to show a change's effect in one run.

@@ -4,6 +4,9 @@
    UPDATE each, straight through the driver (stdlib sqlite3 in WAL with synchronous=FULL,
    as the store runs it; asyncpg); on SQLite also the same commits sent one by one from
    an event loop to a thread of their own, the least an asyncio program pays for them;
+   and the design floor: the store's own hot-path statements for the same sandwiches, on
+   the driver alone (on SQLite from asyncio, one hop per transaction), so that Steward's
+   ratio to it is what its runner and store add;
 2. whole effect sandwiches through the real `Runner`, timed from the claim to the result's
    commit: safe (claim + result: two commits) and unsafe (claim, intent, result: three;
    the intent rides on the claim where it can), p50/p99 at c=1 with the ratio to the
@@ -51,7 +54,14 @@ if __name__ == "__main__":
 from bot.runtime import Effect, Policy, Registry, Runner, RunnerOptions  # noqa: E402
 from store import DONE, RUNNING, TERMINAL, Store, Writes, new_id, open_store  # noqa: E402
 from store.engine import _writer_connection, create_engines, migrate  # noqa: E402
-from store.hotpath import UPDATE_KNOWN_PARENT, sqlite_claim, update_params  # noqa: E402
+from store.hotpath import (  # noqa: E402
+    UPDATE_KNOWN_PARENT,
+    pg_claim,
+    pg_update,
+    pg_update_then_claim,
+    sqlite_claim,
+    update_params,
+)
 from store.records import now  # noqa: E402
 from store.schema import conversations, entries, tasks  # noqa: E402
 from store.writes import Claim, TaskUpdate  # noqa: E402
@@ -230,60 +240,89 @@ async def _sqlite_floor_from_asyncio(path: str, runs: int, commits: int) -> list
         await hop.close()
 
 
+# The design floor: the issue's prototype as an asyncio program runs it. The store's own
+# hot-path statements (store/hotpath.py) for a queue worked at c=1, straight on the driver,
+# with no runner, store or step plan around them: each result also claims the next task
+# (one transaction on SQLite, one statement on PostgreSQL), and an unsafe task's intent is
+# a transaction between. What the runner and the store add is Steward's ratio to it.
+
+DESIGN = Claim("bench:design", 1, 30.0, claim_id="design")
+
+
+def _design_tasks(n: int) -> list[dict]:
+    t = time.time()
+    return [dict(id=new_id(), kind="bench.design", state="pending", phase="", inputs="{}",
+                 attempts=0, crashes=0, run_after=0.0, created_at=t, updated_at=t)
+            for _ in range(n)]
+
+
+def _done(task_id: str) -> TaskUpdate:
+    return TaskUpdate(task_id, DESIGN.owner, DONE, "", result={"ok": True})
+
+
+def _intent(task_id: str) -> TaskUpdate:
+    return TaskUpdate(task_id, DESIGN.owner, RUNNING, "effect", checkpoint={"intent": 1})
+
+
+async def _design_run(claim, intent, finish, unsafe: bool, warmup: int) -> list[float]:
+    """Work the queue through: `claim()` the first task, then for each its `intent(id)`
+    (unsafe) and `finish(id)`, which claims the next. Each task's claim -> result time,
+    timed as the sandwich is (from the start of the transaction that claimed it), after
+    `warmup` untimed tasks (a fresh file's WAL grows at first)."""
+    seconds, start = [], time.perf_counter()
+    claimed = await claim()
+    while claimed:
+        task_id, began = claimed[0].id, start
+        if unsafe:
+            await intent(task_id)
+        start = time.perf_counter()
+        claimed = await finish(task_id)
+        seconds.append(time.perf_counter() - began)
+    return seconds[warmup:]
+
+
 async def _sqlite_design_floor(path: str, steps: int, unsafe: bool,
-                               warmup: int = 0) -> list[float]:
-    """The issue's prototype as an asyncio program runs it: the store's own hot-path
-    statements (store/hotpath.py) for a queue worked at c=1, on the raw driver, one hop per
-    transaction (`_Hop`), with no runner, store or step plan around them. Each result
-    commit also claims the next task; an unsafe task's intent is a transaction between.
-    Returns each task's claim -> result time, timed as the sandwich is, after `warmup`
-    untimed tasks (a fresh file's WAL grows at first, as the sandwich's warm-up allows)."""
+                               warmup: int) -> list[float]:
+    """On a new file at the store's schema, one hop per transaction (`_Hop`)."""
     engines = create_engines(f"sqlite+aiosqlite:///{path}")
     try:
         await migrate(engines)
+        async with engines.write.begin() as conn:
+            await conn.execute(insert(tasks), _design_tasks(warmup + steps))
     finally:
         await engines.dispose()
-    t = time.time()
     hop = _Hop(lambda: _writer_connection(path))
-    claim = Claim("bench:design", 1, 30.0, claim_id="design")
-    ids = [new_id() for _ in range(warmup + steps)]
 
-    def fill(db):
-        db.executemany(
-            "INSERT INTO tasks (id, kind, state, phase, inputs, attempts, crashes, run_after,"
-            " created_at, updated_at) VALUES (?, 'bench.design', 'pending', '', '{}', 0, 0,"
-            " 0.0, ?, ?)", [(i, t, t) for i in ids])
-
-    def update(db, task_id, state, phase, **kw):
-        u = TaskUpdate(task_id, claim.owner, state, phase, **kw)
+    def update(db, u: TaskUpdate) -> None:
         if db.execute(UPDATE_KNOWN_PARENT, update_params(u, now())).rowcount != 1:
-            raise RuntimeError(f"design floor: task {task_id} not updated")
+            raise RuntimeError(f"design floor: task {u.task_id} not updated")
 
-    def result_then_claim(task_id):
+    def finish(task_id):
         def job(db):
-            if task_id is not None:
-                update(db, task_id, DONE, "", result={"ok": True})
-            return sqlite_claim(db, claim, now())
-        return job
-
-    def intent(task_id):
-        return lambda db: update(db, task_id, RUNNING, "effect", checkpoint={"intent": 1})
+            update(db, _done(task_id))
+            return sqlite_claim(db, DESIGN, now())
+        return hop.run(job)
 
     try:
-        await hop.run(fill)
-        seconds, task_id, began = [], None, 0.0
-        while True:
-            start = time.perf_counter()
-            claimed = await hop.run(result_then_claim(task_id))
-            if task_id is not None:
-                seconds.append(time.perf_counter() - began)
-            if not claimed:
-                return seconds[warmup:]
-            task_id, began = claimed[0].id, start
-            if unsafe:
-                await hop.run(intent(task_id))
+        return await _design_run(
+            lambda: hop.run(lambda db: sqlite_claim(db, DESIGN, now())),
+            lambda task_id: hop.run(lambda db: update(db, _intent(task_id))), finish,
+            unsafe, warmup)
     finally:
         await hop.close()
+
+
+async def _pg_design_floor(store: Store, steps: int, unsafe: bool,
+                           warmup: int) -> list[float]:
+    """In the store's own schema, on one of its hot-path connections (its settings)."""
+    async with store._engines.write.begin() as conn:
+        await conn.execute(insert(tasks), _design_tasks(warmup + steps))
+    async with (await store._engines.pool()).acquire() as conn:
+        return await _design_run(
+            lambda: pg_claim(conn, DESIGN, now()),
+            lambda task_id: pg_update(conn, _intent(task_id), now()),
+            lambda task_id: pg_update_then_claim(conn, _done(task_id), DESIGN, now()),
+            unsafe, warmup)
 
 
 async def floor(url: str, commits: int, runs: int = FLOOR_RUNS, *,
@@ -470,17 +509,16 @@ async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
             results["floor from asyncio: 3 commits p50 (ms)"] = hopping[3]
             results["safe p50 / 2-commit floor from asyncio"] = safe / hopping[2]
             results["unsafe p50 / 3-commit floor from asyncio"] = unsafe / hopping[3]
-            # The store's own statements with nothing around them but the hop: what the
-            # runner and the store add over the statements they must run.
-            for label, commits, raw, ours in (("safe", 2, two, safe),
-                                              ("unsafe", 3, three, unsafe)):
+        for label, commits, raw, ours in (("safe", 2, two, safe), ("unsafe", 3, three, unsafe)):
+            if url.startswith("sqlite"):
                 design = str(Path(make_url(url).database).with_name(f"design-{label}.db"))
-                p50 = p50_p99(await _sqlite_design_floor(design, steps, label == "unsafe",
-                                                         warmup))[0]
-                results[f"design floor from asyncio: {label}, {commits} transactions, "
-                        "p50 (ms)"] = p50
-                results[f"design floor {label} / {commits}-commit floor"] = p50 / raw
-                results[f"{label} p50 / design floor"] = ours / p50
+                seconds = await _sqlite_design_floor(design, steps, label == "unsafe", warmup)
+            else:
+                seconds = await _pg_design_floor(store, steps, label == "unsafe", warmup)
+            p50 = p50_p99(seconds)[0]
+            results[f"design floor: {label}, {commits} transactions, p50 (ms)"] = p50
+            results[f"design floor {label} / {commits}-commit floor"] = p50 / raw
+            results[f"{label} p50 / design floor"] = ours / p50
         results["safe step / 2-commit floor"] = results[
             "safe sandwich c=1 wall per step (ms)"] / two
         results["unsafe step / 3-commit floor"] = results[
