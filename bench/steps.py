@@ -65,7 +65,7 @@ async def run_backend(url: str, n: int) -> dict:
             seconds["general" if general else "fixed"].append(time.perf_counter() - start)
     finally:
         await store.close()
-    one = await floor(url, 1)
+    one = (await floor(url, (1,)))[1]
     out = {"floor: 1 raw commit p50 (ms)": one}
     for name, label in (("general", "general commit"), ("fixed", "fixed statements")):
         p50, p99 = p50_p99(seconds[name])

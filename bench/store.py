@@ -141,25 +141,49 @@ def _floor_db(path: str) -> sqlite3.Connection:
     return db
 
 
-def _sqlite_floor(path: str, runs: int, commits: int) -> list[float]:
-    """Blocking, in a thread of its own: `commits` transactions of one UPDATE each."""
-    db = _floor_db(path)
-    try:
-        out = []
-        for _ in range(runs):
+def _interleaved(one, runs: int, counts: tuple[int, ...]) -> dict[int, list[float]]:
+    """`runs` times each of `counts` calls of `one()` in turn, timed: the runs of each count
+    interleave, so a disk that slows for a while slows every count alike."""
+    out: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(runs):
+        for n in counts:
             start = time.perf_counter()
-            for _ in range(commits):
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
-                db.execute("COMMIT")
-            out.append(time.perf_counter() - start)
-        return out
+            for _ in range(n):
+                one()
+            out[n].append(time.perf_counter() - start)
+    return out
+
+
+async def _interleaved_async(one, runs: int,
+                             counts: tuple[int, ...]) -> dict[int, list[float]]:
+    """`_interleaved` for a coroutine function."""
+    out: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(runs):
+        for n in counts:
+            start = time.perf_counter()
+            for _ in range(n):
+                await one()
+            out[n].append(time.perf_counter() - start)
+    return out
+
+
+def _sqlite_floor(path: str, runs: int, counts: tuple[int, ...]) -> dict[int, list[float]]:
+    """Blocking, in a thread of its own: transactions of one UPDATE each."""
+    db = _floor_db(path)
+
+    def one():
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
+        db.execute("COMMIT")
+
+    try:
+        return _interleaved(one, runs, counts)
     finally:
         db.close()
 
 
-async def _pg_floor(url: str, runs: int, commits: int) -> list[float]:
-    """`commits` autocommitted UPDATEs: one round trip and one WAL flush each."""
+async def _pg_floor(url: str, runs: int, counts: tuple[int, ...]) -> dict[int, list[float]]:
+    """Autocommitted UPDATEs: one round trip and one WAL flush each."""
     u = make_url(url)
     schema = u.query.get("schema")
     conn = await asyncpg.connect(host=u.host, port=u.port, user=u.username,
@@ -168,13 +192,8 @@ async def _pg_floor(url: str, runs: int, commits: int) -> list[float]:
     try:
         await conn.execute("CREATE TABLE IF NOT EXISTS floor (id int PRIMARY KEY, v int)")
         await conn.execute("INSERT INTO floor VALUES (1, 0) ON CONFLICT DO NOTHING")
-        out = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            for _ in range(commits):
-                await conn.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
-            out.append(time.perf_counter() - start)
-        return out
+        return await _interleaved_async(
+            lambda: conn.execute("UPDATE floor SET v = v + 1 WHERE id = 1"), runs, counts)
     finally:
         await conn.close()
 
@@ -219,7 +238,8 @@ class _Hop:
         await asyncio.to_thread(self._thread.join)
 
 
-async def _sqlite_floor_from_asyncio(path: str, runs: int, commits: int) -> list[float]:
+async def _sqlite_floor_from_asyncio(path: str, runs: int,
+                                     counts: tuple[int, ...]) -> dict[int, list[float]]:
     """The same commits as `_sqlite_floor`, each sent from the event loop to a thread that
     owns the connection and awaited there: the least an asyncio program pays per commit
     to keep SQLite's fsync off its loop (one thread hop there and one back)."""
@@ -229,13 +249,7 @@ async def _sqlite_floor_from_asyncio(path: str, runs: int, commits: int) -> list
         db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
 
     try:
-        out = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            for _ in range(commits):
-                await hop.run(one)
-            out.append(time.perf_counter() - start)
-        return out
+        return await _interleaved_async(lambda: hop.run(one), runs, counts)
     finally:
         await hop.close()
 
@@ -325,18 +339,19 @@ async def _pg_design_floor(store: Store, steps: int, unsafe: bool,
             unsafe, warmup)
 
 
-async def floor(url: str, commits: int, runs: int = FLOOR_RUNS, *,
-                from_asyncio: bool = False) -> float:
-    """p50 in ms of `commits` raw commits (SQLite `from_asyncio`: each one a thread hop)."""
+async def floor(url: str, counts: tuple[int, ...] = (2, 3), runs: int = FLOOR_RUNS, *,
+                from_asyncio: bool = False) -> dict[int, float]:
+    """p50 in ms of each count of raw commits, the counts interleaved (SQLite
+    `from_asyncio`: each commit a thread hop)."""
     if url.startswith("sqlite"):
         path = str(Path(make_url(url).database).with_name("floor.db"))
         if from_asyncio:
-            seconds = await _sqlite_floor_from_asyncio(path, runs, commits)
+            seconds = await _sqlite_floor_from_asyncio(path, runs, counts)
         else:
-            seconds = await asyncio.to_thread(_sqlite_floor, path, runs, commits)
+            seconds = await asyncio.to_thread(_sqlite_floor, path, runs, counts)
     else:
-        seconds = await _pg_floor(url, runs, commits)
-    return p50_p99(seconds)[0]
+        seconds = await _pg_floor(url, runs, counts)
+    return {n: p50_p99(s)[0] for n, s in seconds.items()}
 
 
 # -- the sandwich, claim to result ---------------------------------------------------------
@@ -486,15 +501,15 @@ async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
             note(f"  warm-up: {warmup} of each kind, untimed")
             for kind in (KIND_SAFE, KIND_UNSAFE):
                 await bench_sandwich(store, kind, warmup, 1)
-            await floor(url, 2, warmup)
+            await floor(url, (2,), warmup)
         # Floors before and after the runs they are compared with, so both see the same
         # machine; the lower of the two is the floor.
-        floors = {2: [await floor(url, 2)], 3: [await floor(url, 3)]}
+        floors = {n: [p50] for n, p50 in (await floor(url)).items()}
         for kind in (KIND_SAFE, KIND_UNSAFE):
             note(f"  {kind} x{steps}, c=1")
             results.update(await bench_sandwich(store, kind, steps, 1))
-        floors[2].append(await floor(url, 2))
-        floors[3].append(await floor(url, 3))
+        for n, p50 in (await floor(url)).items():
+            floors[n].append(p50)
         two, three = min(floors[2]), min(floors[3])
         safe = results["safe sandwich c=1 claim->result p50/p99 (ms)"][0]
         unsafe = results["unsafe sandwich c=1 claim->result p50/p99 (ms)"][0]
@@ -504,7 +519,7 @@ async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
         results["unsafe p50 / 3-commit floor"] = unsafe / three
         # A queue worked through one task at a time: the result commit claims the next.
         if url.startswith("sqlite"):
-            hopping = {n: await floor(url, n, from_asyncio=True) for n in (2, 3)}
+            hopping = await floor(url, from_asyncio=True)
             results["floor from asyncio: 2 commits, a thread hop each, p50 (ms)"] = hopping[2]
             results["floor from asyncio: 3 commits p50 (ms)"] = hopping[3]
             results["safe p50 / 2-commit floor from asyncio"] = safe / hopping[2]

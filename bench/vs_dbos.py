@@ -190,7 +190,7 @@ async def run_backend(backend: str, rounds: int, n1: int, n64: int, dbos64: int)
                     runs[label].append(await bench_steward(store, n1, n64)
                                        if label == "steward"
                                        else await bench_dbos(dbos[label], n1, dbos64))
-            floor2 = await floor(url, 2, runs=FLOOR_RUNS)
+            floor2 = (await floor(url, (2,), runs=FLOOR_RUNS))[2]
         finally:
             await store.close()
     out = {}
