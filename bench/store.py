@@ -29,13 +29,11 @@ import asyncio
 import gc
 import json
 import logging
-import queue
 import random
 import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 import uuid
@@ -64,6 +62,7 @@ from store.hotpath import (  # noqa: E402
 )
 from store.records import now  # noqa: E402
 from store.schema import conversations, entries, tasks  # noqa: E402
+from store.writer import SqliteWriter  # noqa: E402
 from store.writes import Claim, TaskUpdate  # noqa: E402
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -198,60 +197,21 @@ async def _pg_floor(url: str, runs: int, counts: tuple[int, ...]) -> dict[int, l
         await conn.close()
 
 
-class _Hop:
-    """A thread that owns one SQLite connection and runs the transactions an event loop
-    sends it: queued to the thread, answered with `call_soon_threadsafe`, the hop the
-    store's writer makes (store/writer.py) and nothing else."""
-
-    def __init__(self, connect):
-        self._connect = connect
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        db = self._connect()
-        try:
-            while (item := self._jobs.get()) is not None:
-                fn, loop, future = item
-                try:
-                    db.execute("BEGIN IMMEDIATE")
-                    value = fn(db)
-                    db.execute("COMMIT")
-                except Exception as exc:  # a bench's own bug: shown, never a hang
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    loop.call_soon_threadsafe(future.set_exception, exc)
-                else:
-                    loop.call_soon_threadsafe(future.set_result, value)
-        finally:
-            db.close()
-
-    async def run(self, fn):
-        """`fn(db)` in one transaction on the thread, once it has committed."""
-        future = asyncio.get_running_loop().create_future()
-        self._jobs.put((fn, asyncio.get_running_loop(), future))
-        return await future
-
-    async def close(self) -> None:
-        self._jobs.put(None)
-        await asyncio.to_thread(self._thread.join)
-
-
 async def _sqlite_floor_from_asyncio(path: str, runs: int,
                                      counts: tuple[int, ...]) -> dict[int, list[float]]:
     """The same commits as `_sqlite_floor`, each sent from the event loop to a thread that
     owns the connection and awaited there: the least an asyncio program pays per commit
-    to keep SQLite's fsync off its loop (one thread hop there and one back)."""
-    hop = _Hop(lambda: _floor_db(path))
+    to keep SQLite's fsync off its loop (one thread hop there and one back), here through
+    the store's own writer thread (store/writer.py), each commit a transaction of its own."""
+    writer = SqliteWriter(lambda: _floor_db(path))
 
-    def one(db):
-        db.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
+    def one(s):
+        s.raw.execute("UPDATE floor SET v = v + 1 WHERE id = 1")
 
     try:
-        return await _interleaved_async(lambda: hop.run(one), runs, counts)
+        return await _interleaved_async(lambda: writer.run(one), runs, counts)
     finally:
-        await hop.close()
+        await writer.close()
 
 
 # The design floor: the issue's prototype as an asyncio program runs it. The store's own
@@ -297,7 +257,8 @@ async def _design_run(claim, intent, finish, unsafe: bool, warmup: int) -> list[
 
 async def _sqlite_design_floor(path: str, steps: int, unsafe: bool,
                                warmup: int) -> list[float]:
-    """On a new file at the store's schema, one hop per transaction (`_Hop`)."""
+    """On a new file at the store's schema, one hop per transaction (the store's writer
+    thread, with nothing but these statements in its transactions)."""
     engines = create_engines(f"sqlite+aiosqlite:///{path}")
     try:
         await migrate(engines)
@@ -305,25 +266,25 @@ async def _sqlite_design_floor(path: str, steps: int, unsafe: bool,
             await conn.execute(insert(tasks), _design_tasks(warmup + steps))
     finally:
         await engines.dispose()
-    hop = _Hop(lambda: _writer_connection(path))
+    writer = SqliteWriter(lambda: _writer_connection(path))
 
-    def update(db, u: TaskUpdate) -> None:
-        if db.execute(UPDATE_KNOWN_PARENT, update_params(u, now())).rowcount != 1:
+    def update(s, u: TaskUpdate) -> None:
+        if s.raw.execute(UPDATE_KNOWN_PARENT, update_params(u, now())).rowcount != 1:
             raise RuntimeError(f"design floor: task {u.task_id} not updated")
 
     def finish(task_id):
-        def job(db):
-            update(db, _done(task_id))
-            return sqlite_claim(db, DESIGN, now())
-        return hop.run(job)
+        def job(s):
+            update(s, _done(task_id))
+            return sqlite_claim(s.raw, DESIGN, now())
+        return writer.run(job)
 
     try:
         return await _design_run(
-            lambda: hop.run(lambda db: sqlite_claim(db, DESIGN, now())),
-            lambda task_id: hop.run(lambda db: update(db, _intent(task_id))), finish,
+            lambda: writer.run(lambda s: sqlite_claim(s.raw, DESIGN, now())),
+            lambda task_id: writer.run(lambda s: update(s, _intent(task_id))), finish,
             unsafe, warmup)
     finally:
-        await hop.close()
+        await writer.close()
 
 
 async def _pg_design_floor(store: Store, steps: int, unsafe: bool,
