@@ -45,7 +45,7 @@ from bot.home import make_private
 from bot.runtime import NotPerformed, Unavailable
 from bot.runtime.killpoints import kill_point
 from bot.tools.base import known_timezone
-from store import TERMINAL, NotFound, Writes, conversation_namespace
+from store import TERMINAL, NotFound, Writes, conversation_namespace, is_unavailable
 
 if TYPE_CHECKING:
     import httpx
@@ -56,8 +56,12 @@ if TYPE_CHECKING:
 __all__ = [
     "REF", "Accepted", "AgentPort", "Channel", "Connector", "Event", "Events", "Kept",
     "NotPerformed", "Outbound", "Position", "Section", "Unavailable", "kill_point",
-    "known_timezone", "make_private", "size_label", "wanted",
+    "known_timezone", "make_private", "size_label", "store_unavailable", "wanted",
 ]
+
+# Whether an error a port call raised is the store's outage (the database or its disk is
+# not there now), never the fault of what was being taken in: wait, keep it, try again.
+store_unavailable = is_unavailable
 
 @dataclass(frozen=True)
 class Position:

@@ -3,6 +3,7 @@ records with the error (`Task.failure`, migration 0011):
 
 Exception
  +-- Outage            the service an effect needs is down: retried for `outage_attempts`
+ |                     (so is the store's own outage: `store.is_unavailable`)
  |    +-- NotPerformed     ... and the outside world certainly saw nothing
  |    +-- Unavailable      ... and it cannot tell whether the effect happened
  +-- store.DocumentConflict  lost a race to another edit: "contention", retried as long
@@ -14,6 +15,7 @@ ran the task), "interrupted" (an unsafe effect cut off mid-way), "fault" for a t
 """
 
 from store.errors import DocumentConflict
+from store.outage import is_unavailable
 
 OUTAGE, CONTENTION, FAULT, POISON, CUT_OFF = (
     "outage", "contention", "fault", "poison", "interrupted")
@@ -35,7 +37,7 @@ class Unavailable(Outage):
 
 
 def failure_kind(exc: BaseException) -> str:
-    if isinstance(exc, Outage):
+    if isinstance(exc, Outage) or is_unavailable(exc):
         return OUTAGE
     if isinstance(exc, DocumentConflict):
         return CONTENTION
