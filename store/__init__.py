@@ -12,7 +12,7 @@ from store.errors import (
     NotFound,
     StoreError,
 )
-from store.outage import is_unavailable
+from store.outage import is_refused, is_unavailable
 from store.records import (
     BLOCKED,
     DONE,
@@ -39,7 +39,7 @@ __all__ = [
     "DocumentError", "DocumentVersion", "Entry", "Hit", "LeaseLost", "NotFound", "Schedule",
     "ScheduleAdvance", "ScheduleWrite", "Store", "StoreError", "Task", "TaskUpdate",
     "NewEntry", "UsageRecord", "Writes", "conversation_namespace",
-    "is_unavailable", "new_id", "open_store",
+    "is_refused", "is_unavailable", "new_id", "open_store",
 ]
 
 # The rest only when asked for: the reading commands use store.reader, which needs only

@@ -50,6 +50,7 @@ class Leader:
         self.lost.clear()
         if self.engine is None:
             return not stop.is_set()
+        failing = False
         while not stop.is_set():
             try:
                 if await self._try():
@@ -57,7 +58,9 @@ class Leader:
                     self._watch = asyncio.create_task(self._check())
                     return True
             except Exception as exc:  # the database is away: try again later
-                log.warning("cannot ask to lead %s: %s", self.name, exc)
+                if not failing:  # once an outage, not every poll
+                    log.warning("cannot ask to lead %s: %s", self.name, exc)
+                failing = True
                 await self.release()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_seconds)

@@ -7,6 +7,11 @@ Recognised wherever it sits in the chain (`__cause__`, `__context__`, SQLAlchemy
 resources (SQLSTATE classes 08, 53, 57P, 58), a full or failing disk (SQLite's FULL,
 IOERR, CANTOPEN, BUSY, READONLY; ENOSPC, EIO, EROFS, EDQUOT), a timeout. Read by the
 standard library and the exceptions' own attributes only: no driver is imported here.
+
+A plain socket or file error (a refused connection, a timeout, ENOSPC) says nothing of
+whose it is: it counts only if it was raised inside the store or its drivers (a frame of
+their modules in its traceback). A connector that meets its own server's reset, or a full
+disk under its own journal, is not told that the store is away.
 """
 
 import errno
@@ -24,6 +29,7 @@ _SQLSTATE_OUTAGE = ("08", "53", "57P", "58")
 _CLOSED_WORDS = ("connection is closed", "connection was closed", "underlying connection",
                  "the connection is lost", "connection has been released")
 _DEPTH = 8
+_STORE_MODULES = ("store", "asyncpg", "sqlalchemy", "aiosqlite", "sqlite3")
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -35,18 +41,30 @@ def is_unavailable(exc: BaseException) -> bool:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if _says_unavailable(e):
+        says = _says_unavailable(e)
+        if says is True or (says is None and _raised_in_store(e)):
             return True
         todo.extend(x for x in (getattr(e, "orig", None), e.__cause__, e.__context__)
                     if isinstance(x, BaseException))
     return False
 
 
-def _says_unavailable(e: BaseException) -> bool:
+def _raised_in_store(e: BaseException) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.partition(".")[0] in _STORE_MODULES:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _says_unavailable(e: BaseException) -> bool | None:
+    """True: the store's outage; None: an outage of something, if the store raised it."""
     if isinstance(e, ConnectionError | TimeoutError):
-        return True
+        return None
     if isinstance(e, OSError) and e.errno in _ERRNO_OUTAGE:
-        return True
+        return None
     if getattr(e, "connection_invalidated", False):  # SQLAlchemy: the pool dropped it
         return True
     code = getattr(e, "sqlite_errorcode", None)
@@ -64,3 +82,26 @@ def _says_unavailable(e: BaseException) -> bool:
         return True
     return name in ("ConnectionDoesNotExistError", "ConnectionFailureError",
                     "AdminShutdownError", "CrashShutdownError", "CannotConnectNowError")
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The store's outage, and certainly nothing of the write landed: the database itself
+    refused it (SQLite, whose one writer rolled it back; PostgreSQL out of disk or memory,
+    SQLSTATE class 53). A write whose connection broke may have committed all the same."""
+    if not is_unavailable(exc):
+        return False
+    e: BaseException | None = exc
+    for _ in range(_DEPTH):
+        if e is None:
+            break
+        if isinstance(getattr(e, "sqlite_errorcode", None), int):
+            return True
+        if type(e).__name__ in ("OperationalError", "DatabaseError") and any(
+                w in str(e).lower() for w in _SQLITE_WORDS) and "sqlite" in type(e).__module__:
+            return True
+        sqlstate = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith("53"):
+            return True
+        e = getattr(e, "orig", None) or e.__cause__
+    return False
+

@@ -1,5 +1,6 @@
 """`Store`: the one entry point to durable state. Open it with `open_store(url)`."""
 
+import contextlib
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ from store import tasks as _tasks
 from store.documents import versions as _versions
 from store.engine import Engines, create_engines, migrate
 from store.errors import NotFound
+from store.outage import is_unavailable
 from store.records import (
     RUNNING,
     CommitResult,
@@ -428,9 +430,26 @@ class Store:
         return dead
 
     async def announce_worker(self, owner: str) -> None:
-        """Make this worker's liveness visible to others (PostgreSQL), until `close`."""
-        if self.dialect == "postgresql" and owner not in self._liveness:
-            self._liveness[owner] = await _liveness.hold(self._engines.write, owner)
+        """Make this worker's liveness visible to others (PostgreSQL), until `close`; once
+        it is, check the lock is still held, and take it again if its connection died
+        with the server (a restart drops every session lock)."""
+        if self.dialect != "postgresql":
+            return
+        held = self._liveness.get(owner)
+        if held is not None:
+            try:
+                await held.execute(text("SELECT 1"))
+                await held.commit()
+                return
+            except DBAPIError as exc:
+                if not is_unavailable(exc):
+                    raise
+                log.warning("store: this worker's liveness lock went with its connection "
+                            "(%s); taking it again", type(exc).__name__)
+                del self._liveness[owner]
+                with contextlib.suppress(Exception):
+                    await held.close()
+        self._liveness[owner] = await _liveness.hold(self._engines.write, owner)
 
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
         dead: list[str] = []

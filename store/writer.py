@@ -123,8 +123,7 @@ class SqliteWriter:
                 try:
                     answers = self._transaction(raw, session, jobs)
                 except Exception as exc:  # BEGIN or COMMIT failed: nothing of it landed
-                    if raw.in_transaction:
-                        raw.execute("ROLLBACK")
+                    _roll_back(raw)
                     answers = [(None, exc)] * len(jobs)
                 self._answer([(job, *a) for job, a in zip(jobs, answers, strict=True)])
         finally:
@@ -196,6 +195,17 @@ class SqliteWriter:
                 loop.call_soon_threadsafe(settle, future, value, exc)
             except RuntimeError:  # that caller's event loop is gone
                 log.debug("write answered after its event loop closed")
+
+
+def _roll_back(raw: sqlite3.Connection) -> None:
+    """End what a failed BEGIN or COMMIT left open. A ROLLBACK that fails as well (the disk
+    failing under it) must not end the writer thread, or every later write would wait for
+    ever: SQLite rolls back at the next statement whatever happens."""
+    try:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        log.warning("SQLite writer: ROLLBACK failed: %s", exc)
 
 
 def settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:

@@ -21,7 +21,7 @@ from bot.llm.retry import stream_with_retries
 from bot.llm.types import Response
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
-from store import UsageRecord, Writes
+from store import UsageRecord, Writes, is_unavailable
 
 PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
 
@@ -69,7 +69,14 @@ class LLMCall(Effect):
             streamed += delta
             if time.monotonic() - last_commit >= PARTIAL_EVERY:
                 last_commit = time.monotonic()
-                await ctx.save_checkpoint({**checkpoint, "partial": streamed})
+                try:
+                    await ctx.save_checkpoint({**checkpoint, "partial": streamed})
+                except Exception as exc:
+                    # The store is away: the reply streams on and lands with its result
+                    # (the runner waits for the store); nothing uncommitted is shown.
+                    if not is_unavailable(exc):
+                        raise
+                    return
                 if not quiet:  # a summary, say: nothing any channel should show
                     self.deps.events.publish(Event(conv_id, "partial", {
                         "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed,

@@ -1,7 +1,8 @@
 """`steward service install|uninstall|status`: `steward run` kept running by the user's
 service manager, a systemd user unit on Linux and a launchd agent on macOS.
 
-The unit restarts Steward when it fails, except on exit 2 (a config error: restarting
+The unit restarts Steward when it fails or stops pinging systemd's watchdog (a loop that
+ended or hangs: `bot/app/systemd.py`), except on exit 2 (a config error: restarting
 cannot fix it; `steward doctor` says what is wrong). Secrets are not in the unit: it reads
 an environment file (`~/.config/steward/env`), created 0600 and empty but for comments
 naming the variables the config needs; filling it in is the owner's job. Home and config
@@ -24,6 +25,8 @@ from bot.app.errors import UsageError
 UNIT = "steward.service"
 LABEL = "local.steward"  # launchd's job name
 SERVICE_COMMAND_SECONDS = 30
+WATCHDOG_SECONDS = 60  # the claim loop turns at least twice a second, outages included
+START_SECONDS = 900
 
 
 def env_file(env=os.environ) -> Path:
@@ -85,7 +88,13 @@ def systemd_unit(command: list[str], *, home: Path, secrets: Path,
         "Description=Steward, a durable personal agent",
         "",
         "[Service]",
-        "Type=exec",
+        "# Steward says when it serves, and its claim loop pings the watchdog while it",
+        "# turns (sd_notify); a Steward that stops pinging is restarted.",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"WatchdogSec={WATCHDOG_SECONDS}",
+        "# Start-up applies migrations and resumes interrupted work first.",
+        f"TimeoutStartSec={START_SECONDS}",
         f"ExecStart={' '.join(_word(a) for a in command)}",
         f"WorkingDirectory={path_value(home)}",
         "# The secrets, KEY=value lines (0600): never written by Steward.",

@@ -22,6 +22,7 @@ from bot.agent.turn import Turn
 from bot.app import allocator, taskdump
 from bot.app.config import StewardConfig as Config
 from bot.app.opened import opened_store
+from bot.app.systemd import Notifier
 from bot.llm.factory import make_client
 from bot.memory import embeddings as _embeddings
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding
@@ -30,6 +31,7 @@ from bot.memory.search import search_history
 from bot.port import AgentPort
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
+from bot.runtime.supervision import Health, describe
 from bot.scheduler.loop import Scheduler
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, builtin_tools
@@ -39,6 +41,10 @@ from connectors.terminal import TerminalChannel
 from store import Store
 
 log = logging.getLogger(__name__)
+
+# How long a command that ends by itself (`ask`, `resume`, `chat`) waits for a store that is
+# away before it gives up with the reason; `steward run` waits as long as it takes.
+OUTAGE_PATIENCE = 120.0
 
 
 def runner_options(config: Config) -> RunnerOptions:
@@ -97,6 +103,7 @@ class App:
     banner: str | None  # one line for the user when no real model is configured
     connectors: list  # enabled ones; started by `steward run`
     mcp: McpServers  # the configured MCP servers; connected on first use, or by `run`
+    health: Health  # the long-lived loops' state (home/health.json while `run` serves)
 
 
 @asynccontextmanager
@@ -116,7 +123,10 @@ async def open_app(config: Config):
                                                       probe_ollama=False))[0], fallback))
         deps.channels["cli"] = TerminalChannel(deps.events)
         connectors = build_connectors(config, deps)
-        runner = Runner(store, build_registry(deps), runner_options(config))
+        health = Health(config.home)
+        runner = Runner(store, build_registry(deps), runner_options(config),
+                        health=health.loop("runner", give_up_after=OUTAGE_PATIENCE))
+        health.loops[runner.commits.name] = runner.commits
         deps.wake = runner.wake
         lock = RunnerLock(config.home / "runner.lock")
         alone = store.single_node and await asyncio.to_thread(lock.try_acquire)
@@ -124,27 +134,33 @@ async def open_app(config: Config):
             counts = await runner.recover(steal_all=alone)
             log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
             await ensure_embedding(store, embedder)
-            yield App(config, store, deps, runner, banner, connectors, mcp)
+            yield App(config, store, deps, runner, banner, connectors, mcp, health)
         finally:
             lock.release()
             await mcp.close()
 
 
 async def run_forever(config: Config) -> int:
-    """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0."""
+    """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0. If one
+    of its loops ends by itself (an error that is not an outage to wait out), stop and exit
+    1: the service manager starts a fresh process, never one left up with nothing working."""
     allocator.configure()  # cap malloc arenas before the first thread (bot/app/allocator.py)
+    notifier = Notifier()
     async with open_app(config) as app:
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
         taskdump.install(loop)
-        serving = asyncio.create_task(app.runner.run())
-        trimming = asyncio.create_task(allocator.trim_periodically())
+        app.runner.health.give_up_after = None  # a service waits as long as it takes
+        app.runner.health.on_beat = notifier.beat  # the watchdog hears the claim loop
+        loops = {"runner": asyncio.create_task(app.runner.run(), name="runner"),
+                 "memory trim": asyncio.create_task(allocator.trim_periodically()),
+                 "health": asyncio.create_task(app.health.publish())}
         # Interrupted tasks were resumed when the app opened; now re-arm the schedules
         # (its first pass catches up what was missed while Steward was down).
-        scheduler = Scheduler(app.deps)
-        timing = asyncio.create_task(scheduler.run())
+        scheduler = Scheduler(app.deps, health=app.health.loop("scheduler"))
+        loops["scheduler"] = asyncio.create_task(scheduler.run(), name="scheduler")
         app.mcp.start()  # kept up from now on, restarted when they die
         for connector in app.connectors:
             await connector.start()
@@ -154,14 +170,26 @@ async def run_forever(config: Config) -> int:
                           for c in app.connectors) or "none"
         print(f"steward: running on {app.store.dialect} ({config.home}); connectors: {names}; "
               "Ctrl-C to stop", flush=True)
-        await stopped.wait()
-        trimming.cancel()
+        notifier.ready()
+        signalled = asyncio.create_task(stopped.wait())
+        await asyncio.wait([signalled, *loops.values()], return_when=asyncio.FIRST_COMPLETED)
+        died = {name: t for name, t in loops.items() if t.done()}
+        for name, task in died.items():
+            exc = None if task.cancelled() else task.exception()
+            log.critical("the %s loop ended%s; stopping so that a fresh process takes over",
+                         name, f": {describe(exc)}" if exc else "", exc_info=exc)
+        signalled.cancel()
+        notifier.stopping()
+        for task in (loops["memory trim"], loops["health"]):
+            task.cancel()
         for connector in app.connectors:
             await connector.stop()
         scheduler.stop()
-        await timing
+        await asyncio.gather(loops["scheduler"], return_exceptions=True)
         finished = await app.runner.drain(config.runtime.drain_seconds)
-        await serving
+        await asyncio.gather(*loops.values(), return_exceptions=True)
+        app.health.remove()
         if not finished:
             log.warning("drain timed out; unfinished phases resume on the next start")
-    return 0
+    notifier.close()
+    return 1 if died else 0

@@ -13,6 +13,18 @@ over, and what the same claim brought along is handed back); and one that has di
 `crash_limit` times, the first at least `crash_window_seconds` ago, without committing a
 phase in between, is quarantined: its definition's `poisoned` ends it (an agent turn tells
 the person; others fail with the reason).
+
+The store's outage (a database restarting, a full disk: `store.is_unavailable`) is nobody's
+fault either. The claim loop waits it out (`bot/runtime/supervision.py`: logged once when it
+starts and once when it ends) and carries on by itself. A phase whose commit the database
+refused outright (SQLite's full disk, PostgreSQL out of space: `store.is_refused`, nothing
+of it landed) keeps its outcome and commits it again until the store takes it, its effect
+not repeated; nothing new is claimed meanwhile. A phase whose commit was cut off with its
+connection (it may have landed) is *stranded*: once the store answers again it is handed
+back untouched (no death, no try counted) before anything is claimed, and runs again from
+its last committed phase, as after a crash. Any other error of the claim loop ends `run`
+with it, so that the process exits and is started afresh rather than stay up with nothing
+claiming its work.
 """
 
 import asyncio
@@ -31,6 +43,7 @@ from bot.runtime.definitions import Registry
 from bot.runtime.errors import CUT_OFF, FAULT, POISON, NotPerformed, failure_kind
 from bot.runtime.killpoints import kill_point
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
+from bot.runtime.supervision import LoopHealth, describe
 from store import (
     BLOCKED,
     DONE,
@@ -46,6 +59,8 @@ from store import (
     Task,
     TaskUpdate,
     Writes,
+    is_refused,
+    is_unavailable,
     new_id,
 )
 
@@ -86,8 +101,9 @@ class RunnerOptions:
 
 class Runner:
     def __init__(self, store: Store, registry: Registry, options: RunnerOptions | None = None,
-                 *, owner: str | None = None):
+                 *, owner: str | None = None, health: LoopHealth | None = None):
         self.store = store
+        self.health = health or LoopHealth("runner")
         self.registry = registry
         self.options = options or RunnerOptions()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
@@ -109,6 +125,8 @@ class Runner:
         self._deferred: dict[str, float] = {}  # suspects put off for other work, since
         self._wake = asyncio.Event()
         self._stopping = False
+        self._stranded: set[str] = set()  # leased here, their commit lost to an outage
+        self.commits = LoopHealth("runner commits")  # phases whose commit waits to land
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -125,6 +143,11 @@ class Runner:
     def wake(self) -> None:
         """New work was committed locally: look for it now rather than at the next poll."""
         self._wake.set()
+
+    @property
+    def waiting_for_store(self) -> bool:
+        """Whether the claim loop or a phase's commit is waiting out the store's outage."""
+        return self.health.waiting or self.commits.waiting
 
     @property
     def stopping(self) -> bool:
@@ -145,11 +168,18 @@ class Runner:
         try:
             while not self._stopping:
                 self._wake.clear()
-                claimed = await self._claim()
-                if until_idle and not claimed and not self._inflight:
-                    if not await self._anything_due_soon(horizon):
-                        break
-                await self._sleep(busy=bool(claimed))
+                try:
+                    if self._stranded:
+                        await self._hand_back_stranded()
+                    claimed = await self._claim()
+                    if until_idle and not claimed and not self._inflight:
+                        if not await self._anything_due_soon(horizon):
+                            break
+                    await self._sleep(busy=bool(claimed))
+                except Exception as exc:
+                    await self.health.wait_out(exc, self._wake)  # raises all but outages
+                    continue
+                self.health.progressed()
         finally:
             if self._inflight:
                 await asyncio.gather(*self._inflight.values(), return_exceptions=True)
@@ -178,7 +208,7 @@ class Runner:
         task's way out, so only those of effects that reconcile ride on such a claim."""
         busy = len(self._inflight) - len(self._ending) - leaving
         free = self.options.concurrency - busy - self._reserved
-        if free <= 0 or self._solo is not None or self._stopping:
+        if free <= 0 or self._solo is not None or self._stopping or self.commits.waiting:
             return None
         return Claim(self.owner, free, self.options.lease_seconds,
                      claim_id=f"{self._claim_prefix}{next(self._claim_ids)}",
@@ -279,6 +309,16 @@ class Runner:
         if not looked:
             self._wake.set()
 
+    async def _hand_back_stranded(self) -> None:
+        """Tasks whose commit the store's outage refused go back to pending as they were
+        last committed (their phase's effect is judged by its replay policy when it runs
+        again), before the claim that would count each of them a death."""
+        stranded = sorted(self._stranded - set(self._inflight))
+        if stranded:
+            n = await self.store.release_tasks(self.owner, stranded)
+            log.info("handed back %d task(s) whose commit the outage refused", n)
+        self._stranded.clear()
+
     async def _anything_due_soon(self, horizon: float | None) -> bool:
         due = await self.store.next_due()
         horizon = self.options.poll_seconds * 5 if horizon is None else horizon
@@ -306,16 +346,38 @@ class Runner:
             try:
                 await self.store.renew_leases(self.owner, list(self._inflight),
                                               self.options.lease_seconds)
-                if not self.store.single_node and await self.store.take_over_dead():
-                    self.wake()
-            except Exception:  # a transient database error must not stop renewals
-                log.exception("lease renewal failed")
+                if not self.store.single_node:
+                    await self.store.announce_worker(self.owner)  # again after a restart
+                    if await self.store.take_over_dead():
+                        self.wake()
+            except Exception as exc:  # a transient database error must not stop renewals
+                if is_unavailable(exc):  # the claim loop says so, once
+                    log.debug("lease renewal failed: %s", describe(exc))
+                else:
+                    log.exception("lease renewal failed")
 
     # -- running one task --------------------------------------------------------------
 
     async def _commit(self, ctx: TaskContext, update: TaskUpdate) -> None:
         ctx.writes.update_task(update)
-        await self.store.commit(ctx.writes)
+        await self._landed(self.store.commit, ctx.writes)
+
+    async def _landed(self, commit, *args, **kw):
+        """`await commit(*args, **kw)`, again and again while the store refuses it outright
+        (nothing of it landed: the same writes are sent again once it has room). An
+        outage that leaves the outcome unknown is raised: the task is stranded."""
+        while True:
+            try:
+                result = await commit(*args, **kw)
+            except Exception as exc:
+                if not is_refused(exc) or self._stopping:
+                    raise
+                await self.commits.wait_out(exc)
+                continue
+            if self.commits.waiting:
+                self.commits.progressed()
+                self._wake.set()  # claims were held back meanwhile
+            return result
 
     async def _commit_last(self, ctx: TaskContext, update: TaskUpdate,
                            slot: _Slot | None = None) -> None:
@@ -329,12 +391,12 @@ class Runner:
         # (bench/store.py c=64 on SQLite: 3,400-4,200 steps/s with, 5,700-9,300 without).
         claim = None if self._closing else self._next_claim(leaving=1)
         if claim is None:
-            await self.store.commit(ctx.writes)
+            await self._landed(self.store.commit, ctx.writes)
             return
         self._reserved += claim.limit
         self._closing += 1
         try:
-            result = await self.store.commit(ctx.writes, then_claim=claim)
+            result = await self._landed(self.store.commit, ctx.writes, then_claim=claim)
         finally:
             self._reserved -= claim.limit
             self._closing -= 1
@@ -360,7 +422,13 @@ class Runner:
             await self._drive_phases(ctx, slot)
         except LeaseLost as exc:
             log.warning("%s", exc)
-        except Exception:  # the database itself failed; the lease will expire and retry
+        except Exception as exc:
+            if is_unavailable(exc):  # handed back by the claim loop once the store is back
+                log.info("task %s (%s): its commit waits for the store: %s", task.id,
+                         task.kind, describe(exc))
+                self._stranded.add(task.id)
+                return
+            # The database refused it otherwise: the lease will expire and it is retried.
             log.exception("task %s (%s): could not commit", task.id, task.kind)
 
     async def _drive_phases(self, ctx: TaskContext, slot: _Slot | None = None) -> None:

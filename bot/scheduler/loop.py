@@ -6,7 +6,8 @@ that answers it, whose dedupe key is the schedule id plus the fire time. A resta
 second worker or a repeated pass therefore cannot fire an occurrence twice. Occurrences
 missed while Steward was down are caught up by the schedule's policy: `latest` (default:
 the newest one, once, marked late), `all` (each, oldest first, at most MAX_CATCHUP), or
-`skip`.
+`skip`. A pass the store's outage cut short is waited out and done again when the store is
+back (bot/runtime/supervision.py); its occurrences are keyed, so none fires twice.
 """
 
 import asyncio
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import TURN
 from bot.runtime.killpoints import kill_point
+from bot.runtime.supervision import LoopHealth
 from bot.scheduler.triggers import (
     TriggerError,
     from_ts,
@@ -35,9 +37,11 @@ MAX_SLEEP = 5.0  # re-read the store at least this often (schedules change elsew
 
 
 class Scheduler:
-    def __init__(self, deps: AgentDeps, *, clock: Callable[[], float] = time.time):
+    def __init__(self, deps: AgentDeps, *, clock: Callable[[], float] = time.time,
+                 health: LoopHealth | None = None):
         self.deps = deps
         self.clock = clock
+        self.health = health or LoopHealth("scheduler")
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -57,8 +61,13 @@ class Scheduler:
 
     async def _fire_until_stopped(self, lost: asyncio.Event | None = None) -> None:
         while not self._stop.is_set() and not (lost is not None and lost.is_set()):
-            await self.fire_due()
-            nxt = await self.deps.store.next_schedule_time()
+            try:
+                await self.fire_due()
+                nxt = await self.deps.store.next_schedule_time()
+            except Exception as exc:
+                await self.health.wait_out(exc, self._stop)  # raises all but outages
+                continue
+            self.health.progressed()
             delay = MAX_SLEEP if nxt is None else min(MAX_SLEEP, max(0.0, nxt - self.clock()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)

@@ -23,6 +23,11 @@ that drops the connection on the same message every time would otherwise block i
 The count is kept in memory: messages are taken strictly in UID order and the first one
 that fails stops the pass, so only one message can be failing at a time; a restart gives
 it a fresh set of tries, which costs seconds, not mail.
+
+The store's own outage (its database restarting, the disk under it full: the port's
+`store_unavailable`) is never a message's fault, even when reads still work: the pass
+stops, nothing is counted, and it is tried again every `store_retry_seconds` until the
+store takes the message, logged once when it starts and once when it ends.
 """
 
 import asyncio
@@ -30,6 +35,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
+from bot.port import store_unavailable
 from connectors.email import cursor as cursors
 from connectors.email.errors import MessageFailed, describe
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession, Selected
@@ -72,6 +78,8 @@ class Watcher:
     message_quarantine_seconds = 120.0  # ... and how long at least it must have been failing
     message_retry_seconds = 1.0  # pause after its first failure, doubled after each
     probe_messages = 3  # later messages tried to tell an outage code from a message's fault
+    store_retry_seconds = 2.0  # pause while the store is away (no growing backoff: it is
+    # the store, not the mail server, that must be back, and mail waits meanwhile)
 
     def __init__(self, intake: Intake, open_session, *, mailbox: str, idle_seconds: float,
                  poll_seconds: float, max_message_bytes: int):
@@ -83,6 +91,7 @@ class Watcher:
         self.max_message_bytes = max_message_bytes
         self.connected = asyncio.Event()  # set while a session is up (tests wait on it)
         self._failures = _Failures()
+        self._store_down_since: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = self.reconnect_seconds
@@ -102,10 +111,19 @@ class Watcher:
                             "trying it again in %.1f s", exc.uid, self.mailbox, exc.attempts,
                             self._failures.failing_for(), describe(exc.cause), delay,
                             exc_info=exc.cause if exc.attempts == 1 else None)
-            except (*CONNECTION_ERRORS, ImapError) as exc:
-                log.warning("email: IMAP %s; reconnecting in %.0f s", describe(exc), backoff)
-            except Exception:
-                log.exception("email: mailbox watcher failed; restarting in %.0f s", backoff)
+            except Exception as exc:
+                if store_unavailable(exc):
+                    delay = self.store_retry_seconds
+                    if self._store_down_since is None:
+                        self._store_down_since = time.monotonic()
+                        log.warning("email: the store is unavailable (%s); taking mail again "
+                                    "when it is back", describe(exc))
+                elif isinstance(exc, (*CONNECTION_ERRORS, ImapError)):
+                    log.warning("email: IMAP %s; reconnecting in %.0f s", describe(exc),
+                                backoff)
+                else:
+                    log.exception("email: mailbox watcher failed; restarting in %.0f s",
+                                  backoff)
             finally:
                 self.connected.clear()
             if stop.is_set():
@@ -123,6 +141,10 @@ class Watcher:
                  "IDLE" if imap.can_idle else f"polling every {self.poll_seconds:g} s")
         while not stop.is_set():
             await self.sync(imap, selected, stop)
+            if self._store_down_since is not None:
+                log.warning("email: the store is back after %.0f s; mail is taken again",
+                            time.monotonic() - self._store_down_since)
+                self._store_down_since = None
             if stop.is_set():
                 return
             await imap.wait_for_mail(self.idle_seconds if imap.can_idle else self.poll_seconds,
@@ -165,6 +187,8 @@ class Watcher:
                 else:
                     _, cursor = await self.intake.take(cursor, uid, raw)
         except Exception as exc:
+            if store_unavailable(exc):
+                raise  # the store's outage: waited out by `run`, not counted
             if not (fetching and isinstance(exc, CONNECTION_ERRORS)):
                 await self._probe(imap)  # raises if the server or the store is down
             if (isinstance(exc, ImapError) and exc.outage

@@ -1,0 +1,232 @@
+"""The store's outage as the world brings it, under the runner in-process: a real SQLite
+store whose disk is "full" (SQLite's own SQLITE_FULL: `max_page_count` lowered under it),
+and a PostgreSQL server of the test's own that goes away and comes back. The claim loop
+waits it out and carries on by itself, logging once when it starts and once when it ends;
+a task whose commit the outage refused is handed back untouched and finishes exactly once;
+any other error of the claim loop ends `run` (so `steward run` exits and is restarted).
+Also what tells the store's outage from the rest (`store.is_unavailable`), on real errors.
+"""
+
+import asyncio
+import errno
+import logging
+import sqlite3
+
+import pytest
+
+from bot.runtime import Done, Effect, Policy, Registry, Runner, RunnerOptions, TaskDef
+from bot.runtime.supervision import Health, read_health
+from store import DONE, Writes, is_unavailable, open_store
+from tests.fakes.pg_cluster import PgCluster
+
+FAST = RunnerOptions(concurrency=4, lease_seconds=3, max_attempts=3, outage_attempts=6,
+                     retry_base_seconds=0.01, retry_max_seconds=0.02, poll_seconds=0.05)
+
+
+async def _pages(store) -> int:
+    return await store._writer.run(lambda s: s.raw.execute("PRAGMA page_count").fetchone()[0])
+
+
+async def _disk_full(store, full: bool) -> None:
+    """SQLITE_FULL for every write that needs a new page (reads go on), or not."""
+    limit = await _pages(store) if full else 1 << 30
+    await store._writer.run(lambda s: s.raw.execute(f"PRAGMA max_page_count = {limit}"))
+
+
+class Gate(Effect):
+    """Waits for the test to open the gate, then writes a big result (a new page)."""
+
+    kind = "gate"
+    policy = Policy.SAFE
+
+    def __init__(self):
+        self.opened = asyncio.Event()
+        self.started = asyncio.Event()
+        self.calls = 0
+
+    async def perform(self, ctx):
+        self.calls += 1
+        self.started.set()
+        await self.opened.wait()
+        return {"blob": "x" * 20_000}
+
+
+class Writer(TaskDef):
+    """Each run spawns the next (new rows each time), `n` times."""
+
+    kind = "writer"
+
+    async def step(self, ctx):
+        n = ctx.inputs["n"]
+        if n > 1:
+            ctx.spawn("writer", {"n": n - 1, "pad": "y" * 5000})
+        return Done({"n": n})
+
+
+async def test_a_full_disk_is_waited_out_and_the_task_finishes_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'steward.db'}")
+    gate = Gate()
+    health = Health(tmp_path)
+    runner = Runner(store, Registry(gate, Writer()), FAST, health=health.loop("runner"))
+    try:
+        w = Writes()
+        task_id = w.spawn("gate", {})
+        await store.commit(w)
+        await runner.recover(steal_all=True)
+        serving = asyncio.create_task(runner.run())
+        await asyncio.wait_for(gate.started.wait(), 10)
+        await _disk_full(store, True)
+        gate.opened.set()  # its result commit meets the full disk
+        w = Writes()
+        w.spawn("writer", {"n": 3})
+        with pytest.raises(sqlite3.OperationalError, match="full") as refused:
+            await store.commit(w)
+        assert is_unavailable(refused.value)
+        for _ in range(200):  # the runner notices (its task's commit or its own claim)
+            if runner.waiting_for_store:
+                break
+            await asyncio.sleep(0.02)
+        assert runner.waiting_for_store and not serving.done()
+        await asyncio.sleep(1.0)  # a while full: retried, not logged again
+        await _disk_full(store, False)
+        w = Writes()
+        w.spawn("writer", {"n": 3})
+        await store.commit(w)
+        for _ in range(500):
+            state, result, _ = await store.task_outcome(task_id)
+            done = [t for t in await store.list_tasks(kind="writer") if t.state == DONE]
+            if state == DONE and len(done) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert state == DONE and result == {"blob": "x" * 20_000}
+        assert len(done) == 3
+        assert gate.calls == 1  # its outcome waited for the store: the effect ran once
+        task = await store.get_task(task_id)
+        assert task.crashes == 0 and task.attempts == 0
+        assert not serving.done()
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("the store is unavailable" in m for m in said) == 1, said
+        assert sum("the store is back" in m for m in said) == 1, said
+        assert not any(r.exc_info for r in caplog.records if r.name.startswith("bot.")), said
+        assert runner.commits.outages == 1
+        runner.stop()
+        await asyncio.wait_for(serving, 10)
+    finally:
+        await store.close()
+
+
+class Broken(Exception):
+    pass
+
+
+async def test_any_other_error_of_the_claim_loop_ends_run(tmp_path):
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'steward.db'}")
+
+    async def next_due():
+        raise Broken("a bug, not an outage")
+
+    store.next_due = next_due  # the loop asks when the next task is due, and fails
+    runner = Runner(store, Registry(Writer()), FAST)
+    try:
+        with pytest.raises(Broken):
+            await asyncio.wait_for(runner.run(), 10)
+    finally:
+        await store.close()
+
+
+async def test_health_is_written_for_doctor_and_the_inspector(tmp_path):
+    health = Health(tmp_path)
+    loop = health.loop("runner")
+    publishing = asyncio.create_task(health.publish(every=0.05))
+    try:
+        await loop.wait_out(sqlite3.OperationalError("database or disk is full"))
+        await asyncio.sleep(0.2)
+        seen = read_health(tmp_path)
+        assert seen["loops"]["runner"]["state"] == "waiting for the store"
+        assert "disk is full" in seen["loops"]["runner"]["error"]
+        assert (tmp_path / "health.json").stat().st_mode & 0o777 == 0o600
+        loop.progressed()
+        await asyncio.sleep(0.2)
+        assert read_health(tmp_path)["loops"]["runner"]["state"] == "ok"
+    finally:
+        publishing.cancel()
+    with pytest.raises(ValueError):  # not an outage: raised as it is
+        await loop.wait_out(ValueError("bad data"))
+
+
+# -- PostgreSQL going away and coming back -------------------------------------------------
+
+
+@pytest.fixture
+async def pg():
+    cluster = PgCluster()
+    try:
+        await cluster.start()
+        yield cluster
+    finally:
+        await cluster.remove()
+
+
+async def test_postgres_going_away_is_waited_out(pg, caplog):
+    caplog.set_level(logging.INFO)
+    store = await open_store(pg.url)
+    runner = Runner(store, Registry(Writer()), FAST)
+    try:
+        await runner.recover(steal_all=True)
+        serving = asyncio.create_task(runner.run())
+        await pg.stop("immediate")
+        with pytest.raises(Exception) as refused:
+            await store.get_task("nothing")
+        assert is_unavailable(refused.value), refused.value
+        for _ in range(300):
+            if runner.waiting_for_store:
+                break
+            await asyncio.sleep(0.02)
+        assert runner.waiting_for_store and not serving.done()
+        await asyncio.sleep(1.0)
+        await pg.start()
+        w = Writes()
+        w.spawn("writer", {"n": 3})
+        for _ in range(100):  # the client's pool finds the server again
+            try:
+                await store.commit(w)
+                break
+            except Exception as exc:
+                assert is_unavailable(exc), exc
+                await asyncio.sleep(0.1)
+        for _ in range(500):
+            done = [t for t in await store.list_tasks(kind="writer") if t.state == DONE]
+            if len(done) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert len(done) == 3 and not serving.done()
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("runner: the store is unavailable" in m for m in said) == 1, said
+        runner.stop()
+        await asyncio.wait_for(serving, 10)
+    finally:
+        await store.close()
+
+
+async def test_what_is_and_is_not_the_stores_outage(pg, tmp_path):
+    store = await open_store(pg.url)
+    try:
+        await store.ensure_conversation("cli:a")
+        with pytest.raises(Exception) as duplicate:  # a constraint: the data's fault
+            await store.fork("cli:a", "cli:a")
+        assert not is_unavailable(duplicate.value)
+    finally:
+        await store.close()
+    conn = sqlite3.connect(tmp_path / "x.db")
+    with pytest.raises(sqlite3.OperationalError) as missing:
+        conn.execute("SELECT * FROM nowhere")
+    assert not is_unavailable(missing.value)
+    # A plain socket or disk error of someone else's (a connector's server, its journal)
+    # is not the store's.
+    with pytest.raises(OSError) as reset:
+        raise ConnectionResetError(errno.ECONNRESET, "reset by peer")
+    assert not is_unavailable(reset.value)
+    with pytest.raises(OSError) as full:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert not is_unavailable(full.value)
