@@ -60,6 +60,9 @@ async def test_print_shows_the_unit_and_writes_nothing(home):
                                  f"{home / 'config.toml'}"]
     assert unit["Restart"] == ["on-failure"]
     assert unit["RestartPreventExitStatus"] == ["2"]  # a config error: restarting is futile
+    # It says when it serves, and its claim loop pings a watchdog (tests/test_run_health.py).
+    assert unit["Type"] == ["notify"] and unit["NotifyAccess"] == ["main"]
+    assert int(unit["WatchdogSec"][0]) >= 10
     assert unit["EnvironmentFile"] == [str(env_file(home))]
     assert unit["WorkingDirectory"] == [str(home)]
     assert unit["WantedBy"] == ["default.target"]

@@ -96,6 +96,55 @@ def _permissions(home: Path, env) -> tuple[str, str, str]:
     return OK, f"home {home} 0700, its files 0600", ""
 
 
+# -- the running service -----------------------------------------------------------------
+
+STALE_HEALTH = 30.0  # seconds without a new health.json: the process is stuck
+STALLED_LOOP = 120.0  # seconds a loop may go without a turn (its turns take < 1 s)
+
+
+async def running(ctx):
+    """What the `steward run` on this home says of its loops (home/health.json, written
+    every 2 s while it serves: bot/runtime/supervision.py)."""
+    if skipped := _no_config(ctx):
+        return skipped
+    from bot.runtime.supervision import read_health
+
+    health = await asyncio.to_thread(read_health, ctx.config.home)
+    return judge_health(health, time.time())
+
+
+def judge_health(health: dict | None, now: float) -> tuple[str, str, str]:
+    if not health:
+        return OK, "`steward run` is not running on this home", ""
+    pid = health.get("pid")
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return WARN, f"the last `steward run` (pid {pid}) is gone without stopping cleanly", \
+            "start it again: `steward run`, or `systemctl --user start steward`"
+    except PermissionError:
+        pass  # alive, another user's
+    restart = "restart it: `systemctl --user restart steward` (or stop and run it again)"
+    quiet = now - float(health.get("updated_at") or 0)
+    if quiet > STALE_HEALTH:
+        return FAIL, f"`steward run` (pid {pid}) has said nothing for {quiet:.0f} s: it is " \
+            "stuck", restart
+    loops = health.get("loops") or {}
+    for name, loop in loops.items():
+        if loop.get("state") != "ok":
+            since = now - float(loop.get("outage_since") or now)
+            return WARN, f"`steward run` (pid {pid}): {name} waiting for the store for " \
+                f"{since:.0f} s ({loop.get('error')}); it goes on by itself when the store " \
+                "is back", "check the database server and the free space under the home"
+        stalled = now - float(loop.get("last_progress") or 0)
+        if name in ("runner", "scheduler") and stalled > STALLED_LOOP:
+            return FAIL, f"`steward run` (pid {pid}): the {name} loop has not turned for " \
+                f"{stalled:.0f} s", restart
+    waited = sum(int(loop.get("outages") or 0) for loop in loops.values())
+    note = f"; {waited} store outage(s) waited out since it started" if waited else ""
+    return OK, f"`steward run` (pid {pid}) serving: {', '.join(loops) or 'no loops'} ok{note}", ""
+
+
 # -- the database ------------------------------------------------------------------------
 
 
