@@ -321,6 +321,7 @@ async def test_tasks_by_state_with_their_phases(site):
     assert re.search(r"<td>approval</td><td><span class=\"state-pending\">pending</span>"
                      r"</td><td>waiting</td>", pending)
     assert re.search(r"waiting \(1\)", waiting)
+    assert "is not running on this home" in waiting  # steward run's health, as doctor says
     done = await page(site, "/tasks", state="done")
     for kind in ("turn", "llm_call", "tool_call", "deliver"):
         assert f"<td>{kind}</td>" in done

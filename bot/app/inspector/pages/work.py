@@ -1,12 +1,15 @@
 """Work and what came in: tasks by state with their phases, one task whole, schedules,
 approvals waiting for a person, quarantined submissions."""
 
+import asyncio
 import json
+import time
 
 from aiohttp import web
 
 from bot.agent.approval import KIND as APPROVAL
 from bot.agent.approval import code_of
+from bot.app.doctor_checks import OK, judge_health
 from bot.app.inspector.html import link, table, tag, url
 from bot.app.inspector.pages.layout import (
     PAGE_SIZE,
@@ -21,6 +24,7 @@ from bot.app.inspector.pages.layout import (
     text_param,
     when,
 )
+from bot.runtime.supervision import read_health
 from store import STATES
 
 ERROR_CHARS = 300  # of a task's error in a listing; the task's page has all of it
@@ -59,10 +63,19 @@ async def tasks(request: web.Request) -> web.Response:
             if len(found) == PAGE_SIZE else "")
     scope = "".join(f" · {label} {value}" for label, value in (("kind", kind), ("of", key))
                     if value)
-    return page("Tasks" + scope, "/tasks", tag("div", tabs, class_="tabs"),
+    return page("Tasks" + scope, "/tasks", await _serving(source(request).config.home),
+                tag("div", tabs, class_="tabs"),
                 table(["id", "kind", "state", "phase", "attempts", "crashes", "conversation",
                        "updated", "error"], rows,
                       f"no {state} tasks" if state else "no tasks"), more)
+
+
+async def _serving(home) -> str:
+    """One line on the `steward run` of this home, as `steward doctor` judges its health."""
+    health = await asyncio.to_thread(read_health, home)
+    status, detail, fix = judge_health(health, time.time())
+    return tag("p", f"{detail}{f' ({fix})' if fix else ''}",
+               class_="error" if status != OK else None)
 
 
 def _tasks_url(state, kind, key, before_id=None) -> str:
