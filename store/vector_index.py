@@ -6,27 +6,52 @@ of a model's vectors is a usearch file (int8, cosine) in `<database>-vectors/`, 
 mapped (`view`: its pages are the kernel's cache, not this process's heap). The store stays
 the source of truth:
 
-- the file's name carries the `entry_vectors` rowid it covers up to and its size
-  (`<model>.<rowid>.<bytes>.usearch`: a file of another size is never mapped);
-  rowids only grow (SQLite has one writer, and no vector row is ever deleted), so the
+- the file's name carries the `entry_vectors` rowid it covers up to, its size and the
+  sha256 of its bytes (`<model>.<rowid>.<bytes>.<sha256, 32 hex>.usearch`; see "Damage"
+  below); rowids only grow (SQLite has one writer, and no vector row is ever deleted), so the
   vectors stored since are exactly those with a larger rowid. Each search reads them first
   (`_catch_up`) into an in-memory tail compared exactly; past `TAIL_MAX` of them, the file
   is rebuilt with them, in the background: written to a temporary name, fsynced, renamed
   (atomic), the older file removed. A process killed at any instant leaves the old file,
   or the new one, and at worst a temporary file: no vector is lost, it is read again from
   the table.
-- no file, or one that does not open: built anew from the table (streamed, `READ` rows at
+- no file, or none that verifies: built anew from the table (streamed, `READ` rows at
   a time) in a background thread started by the first search that needs it; searches take
-  the exact path (the scope's newest vectors) until the file is there.
+  the exact path (the scope's newest vectors) until the file is there. A process exiting
+  meanwhile stops the build between batches and waits for it (`_at_exit`): a thread left
+  inside usearch as the interpreter finalizes aborts the process (exit 134).
 - every hit is re-checked against the scope in SQL and re-scored from its stored float32
   vector (store/vectors.py `_rescored`); a scope the over-fetched hits do not fill falls
   back to the exact search.
 
 Several processes may share a database: each reads the newest file; two rebuilding at once
 write two temporary files, and whichever renames last wins (both are complete).
+
+Damage. usearch trusts the bytes it maps: a file changed in the middle (same size) made a
+search segfault, abort ("Out of memory!") or spin, growing by gigabytes. So no byte of a
+file reaches usearch before the file verifies (`_fault`): its size and the sha256 of its
+content (hashed once per process open, in the thread `_open` runs in, ~0.11 s per 100 MB;
+and again before a rebuild loads it) must be those its name carries, computed after usearch
+wrote the temporary file and before the rename. The checksum is in the name rather than a
+sidecar because the one atomic rename then publishes data and checksum together: no window
+where one is new and the other old, nothing to fsync twice, nothing to orphan, and an older
+build (which cannot parse the name) ignores the file. A file that does not verify is set
+aside with one warning and its vectors are read again from the table (the source of truth),
+so the file is rebuilt as if missing: damaged (bad checksum, wrong size, unreadable) it is
+renamed `<name>.damaged` for the operator to look at (the newest one per index is kept, an
+older one removed); an older build's file (no checksum in its name) is removed: it is
+likely whole, but rebuilding it once is cheap, and trusting it is what this guards against.
+
+What remains: the sha256 is not a signature. A file written with a matching name on purpose
+(by someone who can write this directory, and so the database too), a file changed in place
+after this process verified and mapped it (Steward never writes in place; a disk returning
+other bytes for pages read later could), and a usearch bug on well-formed bytes can still
+reach usearch in the serving process. Random damage, to the file or to its name, cannot:
+both must change together, consistently, to pass.
 """
 
 import asyncio
+import atexit
 import hashlib
 import itertools
 import logging
@@ -44,13 +69,23 @@ READ = 10_000  # rows of entry_vectors read at a time while catching up
 FIRST_FETCH = 4  # candidates asked of the index per hit wanted, at first
 MAX_FETCH = 8192  # candidates at most, before the exact search takes over
 _STALE_TMP = 3600.0  # seconds after which another process's temporary file is garbage
+_ADD = 2048  # vectors added to a building index at a time (a process exiting waits for one)
+_SUM = 32  # hex digits of the file's sha256 carried in its name
 
 _OPEN: dict[tuple[str, str, int], "_Index"] = {}
 _OPEN_LOCK = threading.Lock()
+_EXITING = threading.Event()  # set at exit: builds stop between batches (`_at_exit`)
 
 
 def _name(model: str, dim: int) -> str:
     return f"{hashlib.sha1(model.encode()).hexdigest()[:16]}-{dim}"
+
+
+def _checksum(path: Path) -> str:
+    """The sha256 of the file's bytes, as its name carries it (blocking: callers run in a
+    thread, never on the event loop)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:_SUM]
 
 
 class _Index:
@@ -76,28 +111,82 @@ class _Index:
     # -- files --
 
     def _files(self) -> list[tuple[int, Path]]:
+        """(rowid covered up to, path) of this index's files, oldest first."""
         out = []
-        for p in self.directory.glob(f"{self.name}.*.*.usearch"):
-            try:
-                _, mark, size, _ = p.name.split(".")
-                if p.stat().st_size == int(size):  # whole, as written (else never mapped)
-                    out.append((int(mark), p))
-            except (ValueError, OSError):
-                continue
+        for p in self.directory.glob(f"{self.name}.*.usearch"):
+            parts = p.name.split(".")
+            if len(parts) in (4, 5) and parts[1].isdigit():  # 4: an older build's
+                out.append((int(parts[1]), p))
         return sorted(out)
 
+    def _fault(self, path: Path) -> tuple[str, bool] | None:
+        """What keeps the file from being mapped, and whether it is damaged (else only
+        unverifiable); None when it verifies. FileNotFoundError: another process's rebuild
+        replaced it meanwhile."""
+        parts = path.name.split(".")
+        if len(parts) != 5:
+            return "no checksum in its name (an older build's file)", False
+        size, digest = parts[2], parts[3]
+        try:
+            actual = path.stat().st_size
+            if str(actual) != size:
+                return f"{actual} bytes where its name says {size}", True
+            if _checksum(path) != digest:
+                return "its bytes do not match the checksum in its name", True
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            return f"unreadable ({e})", True
+        return None
+
+    def _set_aside(self, path: Path, fault: str, damaged: bool) -> None:
+        """The file out of the way, said in one warning: renamed `.damaged` (the newest
+        such file of this index is kept), or removed when it is only unverifiable."""
+        try:
+            if damaged:
+                for old in self.directory.glob(f"{self.name}.*.damaged"):
+                    old.unlink(missing_ok=True)
+                os.replace(path, path.with_name(path.name + ".damaged"))
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            return  # another process set it aside first, and said so
+        except OSError as e:
+            log.warning("vector index: %s: %s; not used, and could not be set aside (%s)",
+                        path, fault, e)
+            return
+        log.warning("vector index: %s: %s; %s, its vectors are read again from "
+                    "entry_vectors and the file rebuilt", path, fault,
+                    f"set aside as {path.name}.damaged" if damaged else "removed")
+
     def _open_newest(self) -> None:
+        """The newest file that verifies, mapped; each newer one that does not is set
+        aside (`_fault`, `_set_aside`) before usearch sees a byte of it."""
         from usearch.index import Index
 
         for mark, path in reversed(self._files()):
-            self.path = path
+            try:
+                fault = self._fault(path)
+            except FileNotFoundError:
+                continue
+            if fault is not None:
+                self._set_aside(path, *fault)
+                continue
             try:
                 base = Index.restore(str(path), view=True)
-            except Exception:  # noqa: BLE001 - unreadable: the next older, or a rebuild
+            except Exception:  # noqa: BLE001 - verified, yet not usearch's: as damaged
+                base = None
+            if base is None or base.ndim != self.dim:
+                self._set_aside(path, "verifies, but usearch cannot open it", True)
                 continue
-            if base is not None and base.ndim == self.dim:
-                self.base, self.base_mark, self.mark = base, mark, mark
-                return
+            self.base, self.path, self.base_mark, self.mark = base, path, mark, mark
+            return
+
+    def _forget(self) -> None:
+        """No file: every vector is read again from the table, from the first rowid."""
+        with self.lock:
+            self.base, self.path, self.base_mark, self.mark = None, None, 0, 0
+            self.tail_ids, self.tail_vecs, self.tail_len = [], [], 0
 
     def _new(self):
         from usearch.index import Index
@@ -115,15 +204,31 @@ class _Index:
 
     def rebuild(self, chunks: list, mark: int, more) -> None:
         """The file anew: the current one's vectors, the tail `chunks`, and whatever `more`
-        yields ((ids, float32 matrix, mark) chunks, read from the table), saved atomically."""
+        yields ((ids, float32 matrix, mark) chunks, read from the table), saved atomically.
+        A current file that no longer verifies (or was replaced by another process) is not
+        built on: the index forgets it and reads every vector again from the table, and the
+        next search starts the rebuild. At exit, it stops between batches of `_ADD`."""
         from usearch.index import Index
 
         building, last = self._new(), mark
         if self.base is not None:
+            try:
+                fault = self._fault(self.path)
+            except FileNotFoundError:  # another process's rebuild replaced it
+                self._forget()
+                return
+            if fault is not None:
+                self._set_aside(self.path, *fault)
+                self._forget()
+                return
             building = Index.restore(str(self.path), view=False)
         for ids, vecs, last in itertools.chain(chunks, more):  # noqa: B007 - last is used
-            if len(ids):
-                building.add(ids, vecs, threads=2)
+            for lo in range(0, len(ids), _ADD):
+                if _EXITING.is_set():
+                    return  # the next process rebuilds
+                building.add(ids[lo:lo + _ADD], vecs[lo:lo + _ADD], threads=2)
+        if _EXITING.is_set():
+            return
         tmp = self.directory / f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         building.save(str(tmp))
         os.chmod(tmp, 0o600)
@@ -132,7 +237,8 @@ class _Index:
             os.fsync(fd)
         finally:
             os.close(fd)
-        final = self.directory / f"{self.name}.{last}.{tmp.stat().st_size}.usearch"
+        final = self.directory / (f"{self.name}.{last}.{tmp.stat().st_size}."
+                                  f"{_checksum(tmp)}.usearch")
         os.replace(tmp, final)
         _fsync_dir(self.directory)
         base = Index.restore(str(final), view=True)
@@ -275,15 +381,30 @@ def _build_in_background(ix: _Index, model: str, path: str) -> None:
             db.close()
 
     def build():
+        rows = more()
         try:
-            ix.rebuild(chunks, after, more())
+            ix.rebuild(chunks, after, rows)
         except Exception:  # noqa: BLE001 - the exact path serves; the next search retries
             log.exception("vector index: rebuild failed")
         finally:
+            rows.close()
             ix.building = False
 
     ix.builder = threading.Thread(target=build, name="vector-index-build", daemon=True)
     ix.builder.start()
+
+
+def _at_exit() -> None:
+    """Builds stopped between batches, and waited for: a build thread still inside usearch
+    when the interpreter finalizes aborts the process ("terminate called without an active
+    exception", exit 134), as a one-shot `steward search` that started one would."""
+    _EXITING.set()
+    for ix in list(_OPEN.values()):
+        if ix.builder is not None:
+            ix.builder.join()
+
+
+atexit.register(_at_exit)
 
 
 async def idle() -> None:
