@@ -412,15 +412,23 @@ class Store:
         return _leader.Leader(self._engines.write if self.dialect == "postgresql" else None,
                               f"{where}/{name}", poll_seconds=poll_seconds)
 
-    async def take_over_dead(self) -> int:
-        """Running tasks of workers that died (their liveness lock is free) go back to
-        pending at once, a death counted for each (PostgreSQL; 0 on SQLite)."""
+    async def take_over_dead(self, owners: list[str] | None = None) -> int:
+        """Running tasks of workers that died (their liveness lock is free: all such, or
+        those of `owners` found so) go back to pending at once, a death counted for each
+        (PostgreSQL; 0 on SQLite)."""
         if self.dialect != "postgresql":
             return 0
-        if not (dead := await self._dead_owners()):
+        dead = await self._dead_owners()
+        if owners is not None:
+            dead = [o for o in dead if o in owners]
+        if not dead:
             return 0
         return (await self._write(lambda conn: _tasks.recover(
             conn, steal_all=False, dead_owners=dead, registered_kinds=[])))["resumed"]
+
+    async def dead_workers(self) -> list[str]:
+        """Owners of running tasks whose liveness lock is free now (PostgreSQL)."""
+        return await self._dead_owners() if self.dialect == "postgresql" else []
 
     async def _dead_owners(self) -> list[str]:
         """PostgreSQL: owners of running tasks whose liveness lock is free."""

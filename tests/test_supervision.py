@@ -230,3 +230,56 @@ async def test_what_is_and_is_not_the_stores_outage(pg, tmp_path):
     with pytest.raises(OSError) as full:
         raise OSError(errno.ENOSPC, "No space left on device")
     assert not is_unavailable(full.value)
+
+
+class Slow(Effect):
+    """Takes `seconds`, counting its runs by task."""
+
+    kind = "slow"
+    policy = Policy.SAFE
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.runs: dict[str, int] = {}
+
+    async def perform(self, ctx):
+        self.runs[ctx.task.id] = self.runs.get(ctx.task.id, 0) + 1
+        await asyncio.sleep(self.seconds)
+        return "done"
+
+
+async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_workers(pg):
+    """Every worker's liveness lock goes with the server; each takes its own again at its
+    next renewal, so none is taken for dead and its work run twice."""
+    options = RunnerOptions(concurrency=4, lease_seconds=3, poll_seconds=0.05,
+                            retry_base_seconds=0.01, retry_max_seconds=0.02)
+    slow = Slow(6.0)
+    stores = [await open_store(pg.url) for _ in range(2)]
+    runners = [Runner(s, Registry(slow), options) for s in stores]
+    try:
+        w = Writes()
+        ids = [w.spawn("slow", {"n": n}) for n in range(4)]
+        await stores[0].commit(w)
+        for r in runners:
+            await r.recover(steal_all=False)
+        serving = [asyncio.create_task(r.run()) for r in runners]
+        for _ in range(300):
+            if len(slow.runs) == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert len(slow.runs) == 4
+        await pg.restart("fast")
+        for _ in range(1000):
+            states = [(await stores[0].task_outcome(i))[0] for i in ids]
+            if states == [DONE] * 4:
+                break
+            await asyncio.sleep(0.05)
+        assert states == [DONE] * 4
+        assert slow.runs == {i: 1 for i in ids}, slow.runs
+        assert [(await stores[0].get_task(i)).crashes for i in ids] == [0] * 4
+        for r in runners:
+            r.stop()
+        await asyncio.wait_for(asyncio.gather(*serving), 15)
+    finally:
+        for s in stores:
+            await s.close()

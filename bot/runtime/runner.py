@@ -126,6 +126,7 @@ class Runner:
         self._wake = asyncio.Event()
         self._stopping = False
         self._stranded: set[str] = set()  # leased here, their commit lost to an outage
+        self._dead_once: set[str] = set()  # workers whose liveness lock was free last time
         self.commits = LoopHealth("runner commits")  # phases whose commit waits to land
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -348,13 +349,21 @@ class Runner:
                                               self.options.lease_seconds)
                 if not self.store.single_node:
                     await self.store.announce_worker(self.owner)  # again after a restart
-                    if await self.store.take_over_dead():
-                        self.wake()
+                    await self._take_over_the_dead()
             except Exception as exc:  # a transient database error must not stop renewals
                 if is_unavailable(exc):  # the claim loop says so, once
                     log.debug("lease renewal failed: %s", describe(exc))
                 else:
                     log.exception("lease renewal failed")
+
+    async def _take_over_the_dead(self) -> None:
+        """Take over the running tasks of workers whose liveness lock was free at two checks
+        in a row: a database restart frees every lock at once, and a live worker takes its
+        own again at its next renewal, before it would be taken for dead."""
+        dead = set(await self.store.dead_workers()) - {self.owner}
+        confirmed, self._dead_once = dead & self._dead_once, dead
+        if confirmed and await self.store.take_over_dead(sorted(confirmed)):
+            self.wake()
 
     # -- running one task --------------------------------------------------------------
 
