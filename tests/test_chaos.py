@@ -17,15 +17,14 @@ answered together by one answer: each token must be in exactly one complete answ
 
 It prints `kills=K messages=N lost=X duplicate=Y wrong=Z (seed S); in doubt D` and fails
 on any non-zero count of the first three, listing each message concerned. A mail answer
-the SMTP server received all of but the final dot (Steward was killed inside DATA, after
-marking its Sent copy as being sent) is in doubt by design: the server drops it and
-Steward, which cannot tell, does not send it again rather than risk sending it twice (the
-README's one window in doubt). The sink keeps what such a DATA held, and Steward's run
-log says, for the reply's Message-ID, that it "was being sent when it was cut off; it is
-taken as sent and not repeated" (`connectors/email/channel.py` `find`); these, and only
-these, are counted apart (D). A DATA cut off before the flag was set (killed while
-marking the copy) was not sent, and Steward must send it again: missing, that answer is
-lost, as is an answer missing for any other reason.
+the SMTP server received twice under one Message-ID is in doubt by design when Steward's
+run log says, for that Message-ID, that the reply "is sent again under the same
+Message-ID" (`connectors/email/channel.py` `find`: killed between the final dot and the
+mark on its Sent copy, the one window in doubt, Steward sends it again rather than risk
+losing it; the receiver sees one message); these, and only these, are counted apart (D).
+A DATA cut off before the final dot (the sink keeps what it held) was not sent, and
+Steward must send it again: missing, that answer is lost, as is an answer missing for any
+other reason.
 
 The long run also fails unless its workload exercised each thing it is there for: a Slack
 retry, an acknowledged event sent again, a thread reply acknowledged before its thread's
@@ -297,9 +296,8 @@ def received(slack: ChaosSlack, sink: ChaosSink) -> tuple[list[Output], list[Out
 
 def cut_off(sink: ChaosSink) -> list[Output]:
     """The mail answers whose DATA the connection ended before the final dot (Steward was
-    killed inside the exchange): the server dropped them, and Steward, which cannot know
-    that, takes them as sent rather than risk sending twice (the README's one window in
-    doubt). Read from what the sink received, dot-stuffing undone."""
+    killed inside the exchange): the server dropped them, and Steward must send them
+    again. Read from what the sink received, dot-stuffing undone."""
     out = []
     for raw in sink.cut_off:
         lines = [line[1:] if line.startswith(b"..") else line for line in raw.splitlines(True)]
@@ -314,6 +312,13 @@ def cut_off(sink: ChaosSink) -> list[Output]:
 
 def _strip(value) -> str:
     return str(value or "").strip().strip("<>")
+
+
+def _one_reply_sent_again(hits: list[Output], again: set[str]) -> bool:
+    """Copies of one mail reply, under one Message-ID that Steward's log says it sent
+    again after a cut (the final-dot window): one message to the receiver."""
+    ids = {_strip(a.mail.get("Message-ID")) if a.mail is not None else None for a in hits}
+    return len(ids) == 1 and ids <= again
 
 
 def right_place(m: Msg, out: Output, msgs: list[Msg]) -> bool:
@@ -334,7 +339,7 @@ class Tally:
     lost: list[str] = field(default_factory=list)
     duplicate: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
-    # Mail answers cut off inside DATA, before the final dot: in doubt by design, not lost.
+    # Mail answers sent again under one Message-ID, killed in the final-dot window.
     in_doubt: list[str] = field(default_factory=list)
 
     @property
@@ -344,14 +349,15 @@ class Tally:
 
 def tally(msgs: list[Msg], answers: list[Output], refusals: list[Output],
           sent_copies: dict[str, list[str]] | None = None,
-          cut: list[Output] | None = None, taken: set[str] | None = None) -> Tally:
+          cut: list[Output] | None = None, again: set[str] | None = None) -> Tally:
     """`sent_copies`: In-Reply-To -> the copies in the Sent folder (for diagnosis only).
-    `cut`: mail answers the SMTP server got all of but the final dot (see `cut_off`).
-    `taken`: the Message-IDs of replies Steward's log says it took as sent in doubt (see
-    `TakenAsSent`); a cut-off answer is in doubt only if its Message-ID is among them."""
+    `cut`: mail answers the SMTP server got all of but the final dot (see `cut_off`): not
+    sent, never in doubt. `again`: the Message-IDs of replies Steward's log says it sent
+    again after a cut (see `SentAgain`); a mail answer received more than once is in doubt
+    only if all its copies carry one Message-ID, and that one is among them."""
     t = Tally()
     cut = [c for c in cut or [] if c.complete]
-    taken = taken or set()
+    again = again or set()
     sent_copies = sent_copies or {}
     sent = [m for m in msgs if m.sent_at is not None]
     complete = [a for a in answers if a.complete]
@@ -374,16 +380,15 @@ def tally(msgs: list[Msg], answers: list[Output], refusals: list[Output],
                 journaled = "".join(f"\n      Sent folder: {c}"
                                     for c in sent_copies.get(m.message_id, []))
                 cuts = [c for c in cut if m.token in c.tokens] if m.is_mail else []
-                doubt = [c for c in cuts if _strip(c.mail.get("Message-ID")) in taken]
-                if doubt:
-                    t.in_doubt.append(f"in doubt {m.describe()}{listing(doubt)}{journaled}")
-                else:
-                    # Cut off before its copy was flagged as being sent: not sent, and
-                    # Steward should have sent it again.
-                    note = "\n      (cut off inside DATA, but the log never took it as " \
-                           "sent: it should have been sent again)" if cuts else ""
-                    t.lost.append(f"lost {m.describe()}{listing(cuts or partial)}{note}"
-                                  f"{journaled}")
+                # Cut off before the final dot: not sent, and Steward should have sent it
+                # again.
+                note = "\n      (cut off inside DATA, before the final dot: it should have " \
+                       "been sent again)" if cuts else ""
+                t.lost.append(f"lost {m.describe()}{listing(cuts or partial)}{note}"
+                              f"{journaled}")
+            elif len(hits) > 1 and _one_reply_sent_again(hits, again):
+                t.in_doubt.append(f"in doubt {m.describe()}: sent again under one Message-ID"
+                                  f"{listing(hits)}")
             elif len(hits) > 1:
                 t.duplicate.append(f"duplicate {m.describe()}: {len(hits)} answers"
                                    f"{listing(hits)}")
@@ -440,15 +445,15 @@ async def sent_folder(account) -> dict[str, list[str]]:
     return await asyncio.to_thread(account._call, work)
 
 
-# `connectors/email/channel.py` `find`, taking a reply cut off after its copy was flagged
-# as being sent for sent.
-TAKEN_AS_SENT = re.compile(r"message <([^>\s]+)> was being sent when it was cut off; it is "
-                           r"taken as sent and not repeated")
+# `connectors/email/channel.py` `find`, sending a reply cut off before its Sent copy was
+# marked (after the final dot) again.
+SENT_AGAIN = re.compile(r"reply <([^>\s]+)> was cut off before its Sent copy was marked as "
+                        r"sent:[^\n]*sent again under the same Message-ID")
 
 
-class TakenAsSent:
+class SentAgain:
     """The Message-IDs of the replies Steward's run logs (`run*.log` in its home) say were
-    taken as sent in doubt. Read again on each call, a log only from where it grew (the
+    sent again after a cut. Read again on each call, a log only from where it grew (the
     logs of dead runs never change)."""
 
     def __init__(self, home: Path):
@@ -463,7 +468,7 @@ class TakenAsSent:
                 data = f.read()
             end = data.rfind(b"\n") + 1  # a line still being written is read next time
             self._read[path] = self._read.get(path, 0) + end
-            self._found.update(TAKEN_AS_SENT.findall(data[:end].decode(errors="replace")))
+            self._found.update(SENT_AGAIN.findall(data[:end].decode(errors="replace")))
         return set(self._found)
 
 
@@ -485,17 +490,10 @@ def log_lines(home: Path, problem: str, limit: int = 6) -> str:
     return "".join(found[:limit]) + more
 
 
-def satisfied(msgs: list[Msg], slack: ChaosSlack, sink: ChaosSink,
-              taken: TakenAsSent) -> bool:
-    """Everything due is there (maybe more: the count tells); a mail cut off inside DATA
-    only if Steward took it as sent."""
+def satisfied(msgs: list[Msg], slack: ChaosSlack, sink: ChaosSink) -> bool:
+    """Everything due is there (maybe more: the count tells)."""
     answers, refusals = received(slack, sink)
     tokens = {t for a in answers if a.complete for t in a.tokens}
-    cut = [c for c in cut_off(sink) if c.complete]
-    if cut:
-        ids = taken()
-        tokens |= {t for c in cut if _strip(c.mail.get("Message-ID")) in ids
-                   for t in c.tokens}
     places = {r.where for r in refusals}
     for m in msgs:
         if m.sent_at is None:
@@ -645,7 +643,7 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
     msgs = plan(random.Random(f"{seed}:plan"), messages,
                 gap=max(0.25, kills * 3.4 / max(1, messages)))
     convs = {m.token: m.conv for m in msgs}
-    taken = TakenAsSent(home)
+    again = SentAgain(home)
     with ChaosSlack() as slack, FakeLLMServer() as llm:
         for user, name in ((ALICE, "Alice"), (BOB, "Bob"), (EVE, "Eve")):
             slack.add_user(user, name)
@@ -673,7 +671,7 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
                          asyncio.create_task(killer.run(kills))]
                 await asyncio.gather(*tasks)
                 settled = await quiesce(steward, slack, sink, llm, sender,
-                                        lambda: satisfied(msgs, slack, sink, taken),
+                                        lambda: satisfied(msgs, slack, sink),
                                         quiet=5.0, give_up=20.0)
                 code = await steward.terminate()
         except TimeoutError:
@@ -688,7 +686,7 @@ async def chaos(home: Path, store_url: str, account, *, kills: int, messages: in
             await sink.stop()
 
     answers, refusals = received(slack, sink)
-    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink), taken())
+    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink), again())
     line = (f"kills={steward.deaths} messages={sum(m.sent_at is not None for m in msgs)} "
             f"lost={len(t.lost)} duplicate={len(t.duplicate)} wrong={len(t.wrong)} "
             f"(seed {seed}); in doubt {len(t.in_doubt)}")
@@ -756,10 +754,12 @@ async def test_chaos_long(store_url, tmp_path, account):
                 budget=120 + kills * 8.0, require_coverage=True)
 
 
-async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt(tmp_path):
+async def test_a_mail_cut_off_before_the_dot_is_lost_and_one_sent_again_is_in_doubt(
+        tmp_path):
     """The tally itself: a real SMTP connection that sends a whole answer but closes before
-    the dot leaves that answer in doubt, if Steward's log says it took that reply as sent;
-    cut off so without that line (before the flag), or missing without a cut, it is lost."""
+    the dot leaves that answer lost (it was not sent), whatever the log says; an answer the
+    sink got twice under one Message-ID is in doubt if Steward's log says it sent that
+    reply again, and a duplicate otherwise."""
     sink = await ChaosSink().start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", sink.port)
@@ -796,24 +796,36 @@ async def test_only_a_mail_cut_off_before_the_final_dot_counts_as_in_doubt(tmp_p
     # The line `find` logs (as `steward -v run` writes it), among others, in a log whose
     # last line is still being written.
     (tmp_path / "run000.log").write_text(
-        "2025-01-01 10:00:00,000 WARNING connectors.email.channel: email: message "
-        "<c1.k1@steward.test> was being sent when it was cut off; it is taken as sent and "
-        "not repeated (its copy is in Sent)\n"
+        "2025-01-01 10:00:00,000 WARNING connectors.email.channel: email: reply "
+        "<c1.k1@steward.test> was cut off before its Sent copy was marked as sent: not sent "
+        "(cut off before the final dot) or, cut off just after the dot, sent; it is sent "
+        "again under the same Message-ID\n"
         "2025-01-01 10:00:00,001 INFO bot.runtime.runner: something else\n")
     (tmp_path / "run001.log").write_text("2025-01-01 10:00:01,000 WARNING connectors.email."
-                                         "channel: email: message <c9.k9@steward.test> was ")
-    taken = TakenAsSent(tmp_path)
-    assert taken() == {"c1.k1@steward.test"}
-    t = tally(sent, [], [], {}, [cut], taken())
-    assert [line.split()[:2] for line in t.in_doubt] == [["in", "doubt"]]
-    assert "m1.s1" in t.in_doubt[0]
-    assert len(t.lost) == 1 and "m2.s1" in t.lost[0]
-    # Without the log line (cut off before the copy was flagged as being sent), it is lost.
-    t = tally(sent, [], [], {}, [cut], set())
+                                         "channel: email: reply <c9.k9@steward.test> was ")
+    again = SentAgain(tmp_path)
+    assert again() == {"c1.k1@steward.test"}
+    # Cut off before the dot, never received whole: lost, sent again or not.
+    t = tally(sent, [], [], {}, [cut], again())
     assert t.in_doubt == [] and len(t.lost) == 2
     assert "m1.s1" in t.lost[0] and "should have been sent again" in t.lost[0]
+
+    def answer(message_id: str) -> Output:
+        msg = email.message.EmailMessage()
+        msg["Message-ID"], msg["In-Reply-To"] = f"<{message_id}>", "<m1.s1@example.com>"
+        msg["References"], msg["Subject"] = "<m1.s1@example.com>", "Re: hi"
+        return Output(("mail", "m1.s1@example.com"), f"Answering m1. {MARKER}", ["m1"], True,
+                      msg, [ALLOWED])
+    twice = [answer("c1.k1@steward.test"), answer("c1.k1@steward.test")]
+    t = tally(sent[:1], twice, [], {}, [], again())
+    assert [line.split()[:2] for line in t.in_doubt] == [["in", "doubt"]]
+    assert "m1.s1" in t.in_doubt[0] and t.clean
+    # Without the log line, or under two Message-IDs, it is a duplicate.
+    assert len(tally(sent[:1], twice, [], {}, [], set()).duplicate) == 1
+    other = [answer("c1.k1@steward.test"), answer("c1.k2@steward.test")]
+    assert len(tally(sent[:1], other, [], {}, [], again()).duplicate) == 1
     # The half-written line, once finished, is read.
     log = tmp_path / "run001.log"
-    log.write_text(log.read_text() + "being sent when it was cut off; it is taken as sent "
-                   "and not repeated\n")
-    assert taken() == {"c1.k1@steward.test", "c9.k9@steward.test"}
+    log.write_text(log.read_text() + "cut off before its Sent copy was marked as sent: ...; "
+                   "it is sent again under the same Message-ID\n")
+    assert again() == {"c1.k1@steward.test", "c9.k9@steward.test"}

@@ -25,7 +25,10 @@ POINTS = [
     "after-result:llm_call",  # during the turn
     "smtp-connected:email",  # during the SMTP send, before DATA: nothing went out
     "smtp-journaled:email",  # the Sent copy is there, DATA has not begun: not sent
-    "smtp-data:email",  # DATA's lines are sent, the final dot is not: not sent
+    "smtp-data:email",  # DATA's 354 is in, no line is sent: not sent
+    "smtp-before-dot:email",  # DATA's lines are sent, the final dot is not: not sent
+    # (the dot written, its Sent copy not marked: tests/test_email_send_window.py)
+    "smtp-marked:email",  # the dot is written and its copy marked, the answer unread: sent
     "smtp-sent:email",  # the send returned, the Sent copy is not final yet
     "sent-appended:email",  # the Sent copy is final, the delivery result is not stored
 ]

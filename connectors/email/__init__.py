@@ -14,7 +14,7 @@
     threads     one conversation per thread; the reply subject
     reply       the outgoing message (a threaded reply, or a new thread for a message
                 that answers no mail) and its deterministic Message-ID
-    smtp        aiosmtplib sending with a hook before DATA
+    smtp        aiosmtplib sending, with hooks before DATA and after its final dot
     channel     EmailChannel: send with the Sent journal, find after a crash
     config      the [email] section; mbox: the `steward import --format mbox` reader
     errors      what goes wrong with mail, in one tree

@@ -3,27 +3,50 @@ journal that tells, after a crash, whether it already went.
 
     1. SMTP envelope accepted (MAIL, RCPT)          kill point `smtp-connected`
     2. the reply is appended to Sent, flagged `$StewardQueued`   kill point `smtp-journaled`
-    3. NOOP (still there?); DATA and the message's lines   kill point `smtp-data`;
-       the copy is flagged `$StewardSending`; the final dot and the server's answer
-                                                    kill point `smtp-sent` after it
-    4. the flags are removed: the Sent copy is final   kill point `sent-appended`
+    3. NOOP (still there?); DATA's 354              kill point `smtp-data`;
+       the message's lines                          kill point `smtp-before-dot`
+    4. the final dot is written                     kill point `smtp-dot`;
+       then, never before it, the copy is marked `$StewardSending` (one IMAP STORE, on its
+       way while the server's answer is awaited)   kill point `smtp-marked`
+    5. the server's answer, 250                     kill point `smtp-sent`
+    6. the flags are removed: the Sent copy is final   kill point `sent-appended`
 
 `find` (asked after a crash mid-send, or after a send in doubt) looks the Message-ID up in
-Sent. Absent, or only queued: the crash came before the final dot, and an SMTP server
-drops a transaction whose client went away before it, so the message was not sent: a
-queued copy is removed and the message is sent now. Present and final: sent. Present and
-flagged as sending: the crash came after the flag, set just before the dot, and before
-step 4; it is taken as sent (the server had the whole message), because a message sent
-twice is what must never happen, and logged. The window where that guess can be wrong is
-the few instructions between the flag and the dot leaving this process.
+Sent, and the mark decides:
+- absent, or queued and not marked: the crash came before the mark. An SMTP server drops a
+  transaction whose client went away before the final dot, so unless the crash fell just
+  after the dot (below), nothing was sent: the copy is removed and the reply is sent now,
+  under the same Message-ID, leaving one copy in Sent;
+- marked: the dot was written; taken as sent, not repeated, and logged as in doubt;
+- final (no Steward flag: a copy this channel finished, or the provider's own): sent.
+
+The one window in doubt is the final dot and its answer, from the moment the dot is
+written until both the server's answer is read and the mark is in Sent (the mark starts at
+the dot and travels beside the server's handling of it). A crash in it:
+- before the mark is in Sent (from the dot: one event-loop step and one IMAP round trip):
+  the reply is sent again, with the same Message-ID (the delivery's idempotency key). If
+  the server had taken the first, the recipient gets it twice under one Message-ID, which
+  threads, and clients and archives that dedupe (Gmail, say), keep as one message. That
+  duplicate is the accepted price: an unmarked copy cannot be told from a crash before
+  the dot, where taking it as sent loses the reply (as it did when the flag was set a
+  whole IMAP round trip before the dot).
+- once the mark is in Sent, before the answer is read: taken as sent. The dot written
+  before the crash still reaches the server (the kernel sends what was written), so this
+  is wrong only if the server refused the message at the dot (an answer never read):
+  then it is lost.
+A crash anywhere before the dot: not sent, and sent (once). After the answer and the mark:
+sent, never repeated. A copy marked by an older version (which marked it before the dot)
+is read the same way.
 
 How a send that fails without a crash ends, in the runtime's terms:
-- certainly not sent (IMAP or SMTP unreachable, the envelope or the data refused, the
-  SMTP connection gone before the dot): the journal copy, if any, is removed and
-  `NotPerformed` is raised: tried again later;
-- the connection died after the dot, before the answer (`smtp.InDoubt`): the copy stays
-  flagged and `Unavailable` is raised, so the delivery is reconciled before anything else:
-  `find` sees the flagged copy and takes it as sent in doubt, as after a crash, never twice;
+- certainly not sent (IMAP or SMTP unreachable, the envelope or the data refused, at the
+  dot too, the SMTP connection gone before the dot): the journal copy, if any, is removed
+  and `NotPerformed` is raised: tried again later;
+- the connection died after the dot, before the answer (`smtp.InDoubt`): `Unavailable` is
+  raised, so the delivery is reconciled before anything else: `find` takes the marked copy
+  as sent in doubt, as after a crash, never twice; wrong (lost) only if the server refused
+  it or the broken connection never carried the dot to it. A copy the mark did not reach
+  (IMAP failing too) is sent again, as above;
 - IMAP down while `find` looks: `Unavailable`, retried for the outage budget.
 """
 
@@ -40,8 +63,8 @@ from connectors.email.reply import build_reply, reply_message_id
 
 log = logging.getLogger(__name__)
 
-QUEUED = "$StewardQueued"  # journaled, DATA not begun: not sent
-SENDING = "$StewardSending"  # DATA begun: in doubt until the flag is removed
+QUEUED = "$StewardQueued"  # journaled, not known to be sent: sent again after a crash
+SENDING = "$StewardSending"  # the final dot was written: taken as sent after a crash
 
 
 class EmailChannel:
@@ -81,6 +104,7 @@ class EmailChannel:
         sent = self.config.sent_mailbox
         journaled: list[int] = []  # the copy's uid
         appended = False
+        marked = False
 
         async def journal():
             nonlocal appended
@@ -90,25 +114,34 @@ class EmailChannel:
             journaled[:] = await self._copies(imap, message_id)
             kill_point("smtp-journaled", "email")
 
-        async def sending():  # the last thing before the final dot
-            kill_point("smtp-data", "email")  # the lines are sent, the dot is not
-            for uid in journaled:
-                await imap.set_flags(uid, SENDING, add=True)
+        async def mark():  # started once the final dot is written, never before it
+            nonlocal marked
+            try:
+                for uid in journaled:
+                    await imap.set_flags(uid, SENDING, add=True)
+            except (*CONNECTION_ERRORS, ImapError) as exc:
+                log.warning("email: the final dot of <%s> is written, but its Sent copy "
+                            "could not be marked: %s", message_id, exc)
+                return
+            marked = bool(journaled)
+            kill_point("smtp-marked", "email")
 
         try:
             answer = await smtp.send(self.config, self.smtp_password,
                                      sender=self.config.address, recipients=[recipient],
-                                     data=data, before_data=journal, at_data=sending,
+                                     data=data, before_data=journal, after_dot=mark,
                                      ssl_context=self.ssl_context)
         except smtp.NotSent as exc:
             if appended:
                 await self._drop_journal(imap, message_id)
             raise NotPerformed(f"SMTP: {exc}") from exc
         except smtp.InDoubt as exc:
-            # The server may have taken it: the flagged copy in Sent stays, and the
-            # reconcile that comes before any retry takes it as sent.
-            log.warning("email: the SMTP connection died during DATA of <%s>; it may have "
-                        "gone out: %s", message_id, exc)
+            # The server may have taken it. The reconcile that comes before any retry
+            # takes the marked copy as sent; a copy the mark did not reach, it sends again.
+            log.warning("email: the SMTP connection died after the final dot of <%s>, "
+                        "before the answer; it may have gone out (%s): %s", message_id,
+                        "taken as sent" if marked else "its copy is not marked: it will "
+                        "be sent again under the same Message-ID", exc)
             raise Unavailable(f"SMTP connection lost during DATA, sent in doubt: {exc}") \
                 from exc
         except (*CONNECTION_ERRORS, ImapError) as exc:  # journaling failed: DATA never began
@@ -119,9 +152,13 @@ class EmailChannel:
         kill_point("smtp-sent", "email")
         try:
             await self._finalise(imap, message_id)
-        except (*CONNECTION_ERRORS, ImapError) as exc:  # sent all the same
-            log.warning("email: reply <%s> sent, but its Sent copy stays flagged: %s",
-                        message_id, exc)
+        except (*CONNECTION_ERRORS, ImapError):
+            try:  # once more, on a connection of its own
+                async with self.open_session() as again:
+                    await self._finalise(again, message_id)
+            except (*CONNECTION_ERRORS, ImapError) as exc:  # sent all the same
+                log.warning("email: reply <%s> sent, but its Sent copy stays flagged: %s",
+                            message_id, exc)
         kill_point("sent-appended", "email")
         return {"message_id": message_id, "to": recipient, "smtp": answer}
 
@@ -154,21 +191,26 @@ class EmailChannel:
             async with self.open_session() as imap:
                 copies = {uid: await imap.flags(uid)
                           for uid in await self._copies(imap, message_id)}
-                queued = [u for u, flags in copies.items()
-                          if QUEUED in flags and SENDING not in flags]
-                if len(queued) == len(copies):
-                    # Journaled, but DATA never began: not sent. The stale copies go, so
-                    # the send that follows leaves exactly one.
-                    for uid in queued:
+                unmarked = [u for u, flags in copies.items()
+                            if QUEUED in flags and SENDING not in flags]
+                if len(unmarked) == len(copies):
+                    if unmarked:
+                        log.warning(
+                            "email: reply <%s> was cut off before its Sent copy was marked "
+                            "as sent: not sent (cut off before the final dot) or, cut off "
+                            "just after the dot, sent; it is sent again under the same "
+                            "Message-ID", message_id)
+                    # The stale copies go, so the send that follows leaves exactly one.
+                    for uid in unmarked:
                         await imap.delete(uid)
                     return None
-                in_doubt = all(SENDING in flags for flags in copies.values())
+                in_doubt = all(flags & {QUEUED, SENDING} for flags in copies.values())
                 if in_doubt:
                     log.warning("email: message <%s> was being sent when it was cut off; "
                                 "it is taken as sent and not repeated (its copy is in %s)",
                                 message_id, self.config.sent_mailbox)
                 for uid, flags in copies.items():
-                    if uid in queued:
+                    if uid in unmarked:
                         await imap.delete(uid)
                     elif flags & {QUEUED, SENDING}:
                         await imap.set_flags(uid, f"{QUEUED} {SENDING}", add=False)
