@@ -277,3 +277,34 @@ class AgentPort:
     async def approval_answer(self, approval_id: str) -> tuple[bool, str] | None:
         """The stored answer (approved, by whom), whichever click or reply gave it."""
         return await approval.answered(self._store, approval_id)
+
+    # -- catching up after being away (Slack's history) ----------------------------------
+
+    async def conversations_active(self, prefix: str, *, since: float, limit: int = 200,
+                                   parts: int | None = None) -> list[Conversation]:
+        """The conversations whose key starts with `prefix` (and has `parts` parts between
+        colons, if given) that have a transcript and were active (an entry added) at
+        `since` (Unix time) or later: the `limit` most recently active, latest first.
+        Every conversation is looked at once, a page at a time, and no more than `limit`
+        are held."""
+        import heapq
+
+        if limit <= 0:
+            return []
+        best: list[tuple[float, int, Conversation]] = []
+        before: int | None = None
+        while True:
+            page = await self._store.list_conversations(limit=500, before_id=before)
+            for c in page:
+                if not (c.key.startswith(prefix) and c.last_seq > 0 and c.updated_at >= since):
+                    continue
+                if parts is None or c.key.count(":") + 1 == parts:
+                    item = (c.updated_at, c.id, c)
+                    if len(best) < limit:
+                        heapq.heappush(best, item)
+                    elif item[:2] > best[0][:2]:
+                        heapq.heapreplace(best, item)
+            if len(page) < 500:
+                break
+            before = page[-1].id
+        return [c for _, _, c in sorted(best, key=lambda item: item[:2], reverse=True)]

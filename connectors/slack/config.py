@@ -30,6 +30,10 @@ class SlackConfig(Section):
     # Several workers on one PostgreSQL: an acknowledged event that its worker has not taken
     # in after this many seconds (it died) is taken in by another.
     takeover_seconds: float = Field(20.0, gt=0)
+    # Messages sent to Steward while it was down (longer than Slack retries an event) are
+    # read from Slack's history when it starts or reconnects, up to this many hours back;
+    # 0 turns the catch-up off (catchup.py).
+    catchup_hours: float = Field(24.0, ge=0)
 
     def secrets(self) -> list[str]:
         if not self.enabled:

@@ -6,10 +6,16 @@
              journal holds from the last process (a line that cannot be taken in is
              quarantined with the reason and leaves the journal; start-up and the events
              after it go on), begin rendering streamed answers, then open the transport
-             on the ack loop (a thread of its own: acks never wait for the agent's work)
-    stop()   close the transport (no new events), let queued events finish briefly (the
-             rest stay journaled for the next start), stop streaming, release the
-             shared HTTP session; deliveries still work while the runtime drains
+             on the ack loop (a thread of its own: acks never wait for the agent's work),
+             and catch up in the background with what was said while Steward was away
+             (`catchup.py`; again after each reconnect in Socket Mode)
+    stop()   close the transport (no new events), stop catching up, let queued events
+             finish briefly (the rest stay journaled for the next start), keep where the
+             next catch-up starts, stop streaming, release the shared HTTP session;
+             deliveries still work while the runtime drains
+
+An event is acknowledged only once it is journaled: one the journal could not take (a full
+disk) gets a 503 (no ack in Socket Mode), and Slack sends it again.
 
 Threads: the transport, bolt and the journal live on the ack loop; everything else (the
 lanes that store events, streaming, deliveries) on the agent's loop.
@@ -29,6 +35,7 @@ from bot.port import AgentPort, kill_point, make_private
 from . import faults
 from .ackloop import AckLoop
 from .actions import Clicks, parse_click
+from .catchup import CatchUp
 from .events import Identity, Inbound, Malformed, is_event_id
 from .files import Files
 from .history import People
@@ -80,6 +87,8 @@ class SlackConnector:
                                        s.max_file_bytes),
                            people=People(self.web), working=self.working,
                            agent_name=config.agent.name)
+        self.catchup = CatchUp(port, s, self.web, self.inbox)
+        self.inbox.settled = self.catchup.settled
         self.clicks = Clicks(port, self.web)
         self.me: Identity | None = None
         self._agent_loop: asyncio.AbstractEventLoop | None = None
@@ -93,19 +102,23 @@ class SlackConnector:
             self.transport: HttpTransport | SocketTransport = HttpTransport(
                 app, s.http_host, s.http_port, config.secret(s.signing_secret_env))
         else:
-            self.transport = SocketTransport(app, config.secret(s.app_token_env), self.web)
+            self.transport = SocketTransport(app, config.secret(s.app_token_env), self.web,
+                                             on_reconnect=self._reconnected)
 
     def _identity(self) -> Identity:
         assert self.me is not None
         return self.me
 
-    async def _on_event(self, body: dict) -> None:
-        """On the ack loop, before the ack: hand the event over, journal it. An event that
-        cannot be taken in is acked all the same (Slack would only send it again) and
-        quarantined on the agent's loop; journaled first when it has an event id to be
-        found by, so that a crash before the quarantine is stored still quarantines it, at
-        the next start. One without an id is quarantined without the journal: a crash in
-        between loses it, and it was nothing Steward could have answered."""
+    async def _on_event(self, body: dict) -> bool:
+        """On the ack loop, before the ack: hand the event over, journal it; whether to
+        acknowledge it. An event that cannot be taken in is acked all the same (Slack would
+        only send it again) and quarantined on the agent's loop; journaled first when it
+        has an event id to be found by, so that a crash before the quarantine is stored
+        still quarantines it, at the next start. One without an id is quarantined without
+        the journal: a crash in between loses it, and it was nothing Steward could have
+        answered. An event the journal could not take (a full disk, an I/O error) is not
+        acknowledged: Slack sends it again (it may be taken in meanwhile, harmlessly: a
+        message is submitted once)."""
         try:
             ev = self.inbox.admit(body)
         except Exception as exc:
@@ -114,14 +127,30 @@ class SlackConnector:
             self._agent_loop.call_soon_threadsafe(
                 self._quarantine_soon, body, _reason(exc),
                 body["event_id"] if journaled else None)
-            if journaled:
-                await self.journal.append(body)
-            return
+            return not journaled or await self._journaled(body)
         if ev is None:
-            return
+            return True
         assert self._agent_loop is not None
         self._agent_loop.call_soon_threadsafe(self.inbox.enqueue, ev)
-        await self.journal.append(body)  # its line is queued before any `done` can be
+        if not await self._journaled(body):  # its line is queued before any `done` can be
+            return False
+        if ev.kind == "message":
+            self.catchup.taken(ev.ts)
+        return True
+
+    async def _journaled(self, body: dict) -> bool:
+        try:
+            await self.journal.append(body)
+        except Exception as exc:  # noqa: BLE001 - not acknowledged: Slack sends it again
+            log.warning("slack: event %s could not be journaled (%s); not acknowledged, "
+                        "Slack sends it again", body.get("event_id"), faults.describe(exc))
+            return False
+        return True
+
+    def _reconnected(self) -> None:
+        """On the ack loop: Socket Mode connected again; what was said meanwhile is read."""
+        if self._agent_loop is not None:
+            self._agent_loop.call_soon_threadsafe(self.catchup.request)
 
     async def _on_action(self, body: dict) -> bool:
         """On the ack loop: apply a click on an approval button on the agent's loop and
@@ -215,6 +244,7 @@ class SlackConnector:
             self._sweeping = asyncio.create_task(self._sweep(self.journal))
         self.streams.start()
         await self.ack.call(self.transport.start())
+        self.catchup.start()
 
     async def _carry_over(self, journal: SharedJournal) -> list[dict]:
         """What this home's own file journal still holds (written before the store was
@@ -254,15 +284,25 @@ class SlackConnector:
         return len(replayed)
 
     async def _sweep(self, journal: SharedJournal) -> None:
-        """Several workers: now and then take in what a worker acked and did not finish."""
+        """Several workers: now and then take in what a worker acked and did not finish.
+        A sweep that fails is made again at the next tick (said once, and once when one
+        works again)."""
+        failing = False
         while True:
             try:
                 count = await self._replay(await journal.stale())
                 if count:
                     log.warning("slack: %d acknowledged events another worker did not finish "
                                 "are taken in here", count)
+                if failing:
+                    log.warning("slack: sweeping the shared journal works again")
+                failing = False
             except Exception as exc:  # the store is away: the next sweep tries again
-                log.warning("slack: sweeping the shared journal failed: %s", exc)
+                if not failing:
+                    log.warning("slack: sweeping the shared journal failed (%s); it is "
+                                "tried again every %.0f s", faults.describe(exc),
+                                journal.lease / 4)
+                failing = True
             await asyncio.sleep(journal.lease / 4)
 
     async def stop(self) -> None:
@@ -274,14 +314,19 @@ class SlackConnector:
             await self.web.close()
             return
         await self.ack.call(self.transport.stop())
+        await self.catchup.halt()
         if self._sweeping is not None:
             self._sweeping.cancel()
             await asyncio.gather(self._sweeping, return_exceptions=True)
         if not await self.inbox.lanes.join(STOP_GRACE):
             log.warning("slack: unfinished events stay journaled for the next start")
         if self._quarantining:  # what is not stored by then is quarantined at the next start
-            await asyncio.wait(set(self._quarantining), timeout=STOP_GRACE)
+            _, late = await asyncio.wait(set(self._quarantining), timeout=STOP_GRACE)
+            for task in late:  # waiting for the store: the journal keeps the event
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.inbox.lanes.close()
+        await self.catchup.save()
         await self.streams.stop()
         await self.clicks.stop(STOP_GRACE)
         await self.ack.call(self.journal.close())

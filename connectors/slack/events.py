@@ -48,6 +48,9 @@ class Inbound:
     # Taken again from the journal after a restart: its processing may have stopped
     # half way, after the commit that makes it look handled.
     replayed: bool = field(default=False, compare=False)
+    # Read from Slack's history after Steward was away (`catchup.py`), not an event: it is
+    # in no journal, and nothing is marked done for it.
+    caught_up: bool = field(default=False, compare=False)
 
     @property
     def is_dm(self) -> bool:

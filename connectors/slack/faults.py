@@ -13,6 +13,12 @@ whether the call may have taken effect.
                   connection dropped after the request went out.
 
 Anything else (channel_not_found, invalid_auth, msg_too_long...) is an ordinary error.
+
+Taking an event in talks to two outside worlds, Slack and the store, and a lost
+connection can be either's. `outage_of` tells them apart: an error raised by a Slack call
+(`SlackWeb` marks each one, `from_slack`) is Slack's; otherwise the store's outage
+(`store_unavailable`: its connection lost, its server restarting, its disk full) is asked
+first, so that a PostgreSQL connection error is never reported as Slack being away.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
-from bot.port import NotPerformed, Unavailable
+from bot.port import NotPerformed, Unavailable, store_unavailable
 
 NOT_DONE_ERRORS = {"ratelimited", "rate_limited", "request_timeout"}
 DOUBT_ERRORS = {"internal_error", "fatal_error", "service_unavailable"}
@@ -48,6 +54,47 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, UNSENT + DOUBTFUL)
 
 
+SLACK_CALL = "_steward_slack_call"  # the attribute `SlackWeb` marks its calls' errors with
+_DEPTH = 8
+
+
+def mark_from_slack(exc: BaseException, method: str) -> None:
+    """Note on `exc` that a Slack call (`method`) raised it."""
+    try:
+        setattr(exc, SLACK_CALL, method)
+    except Exception:  # noqa: BLE001 - an exception that takes no attributes: types tell
+        pass
+
+
+def from_slack(exc: BaseException) -> bool:
+    """Raised by a Slack call: marked so, or one of the Slack client's own errors (also
+    when it is the `__cause__` of what was raised)."""
+    cause: BaseException | None = exc
+    for _ in range(_DEPTH):
+        if cause is None:
+            return False
+        if getattr(cause, SLACK_CALL, None) or isinstance(cause, SlackApiError
+                                                          | aiohttp.ClientError):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def outage_of(exc: BaseException) -> str | None:
+    """Whose outage made an event's processing fail: "store", "slack", or None when it is
+    no outage (then it may be the event's fault)."""
+    if not from_slack(exc) and store_unavailable(exc):
+        return "store"
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen and len(seen) < _DEPTH:
+        seen.add(id(cause))
+        if is_outage(cause):
+            return "slack"
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def not_done(exc: BaseException) -> bool:
     """The failed call certainly changed nothing in Slack."""
     if isinstance(exc, SlackApiError):
@@ -58,10 +105,13 @@ def not_done(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
+    """One short line: Slack's answer, or the error's type and the first line of its text
+    (a database error's text goes on with its SQL and parameters)."""
     if isinstance(exc, SlackApiError):
         status, error = _api_error(exc)
         return f"Slack answered {status} {error or '(no error code)'}"
-    return f"{type(exc).__name__}: {exc}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def for_runtime(exc: BaseException, *, maybe_shown: bool) -> Exception:

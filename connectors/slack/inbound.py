@@ -17,9 +17,17 @@
   being worked on is not shown (see `outbound.py`). Deleting a thread's parent message
   arrives as a `message_changed` to a tombstone and is treated the same.
 * An event whose processing fails `ATTEMPTS` times is quarantined with the reason (listed
-  by `steward quarantine`) and leaves the journal, so it never comes back at every start;
-  unless the failure is an outage (Slack's, or a store that does not answer): then it stays
-  journaled and the next start takes it again.
+  by `steward quarantine`) and leaves the journal, so it never comes back at every start.
+* An outage is never the event's fault (`faults.outage_of`: the store's — its connection
+  lost, its server restarting, its disk full, even while reads still work — or Slack's).
+  The event stays journaled and is tried again by itself, with backoff (0.5 s doubling to
+  `OUTAGE_RETRY_MAX`), as long as the outage lasts, its conversation's lane parked
+  meanwhile (`lanes.py`: the messages after it wait behind it, other conversations go
+  on); it is not counted against its attempts and never quarantined for it. The outage is
+  logged once when it begins and once when it ends (`Outages`), not once per event or try.
+* Messages read from Slack's history after Steward was away (`catchup.py`) take the same
+  path under the same ids, so one that also arrives as an event is taken once; they are in
+  no journal, and `settled` is told when each is taken (or quarantined).
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import random
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.port import REF, AgentPort, kill_point
@@ -45,6 +56,8 @@ from .working import Working
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
+OUTAGE_RETRY_FIRST = 0.5  # seconds before an event an outage held is tried again; doubles
+OUTAGE_RETRY_MAX = 10.0  # ...up to this, for as long as the outage lasts
 QUARANTINE_REASON = 1000  # characters of a quarantine's reason
 SAID_TAIL = 200  # newest entries searched for a deleted message and its edits
 REFUSAL = ("Sorry, I am a personal assistant and only talk with the people I was set up "
@@ -61,21 +74,67 @@ def quarantine_id(body: Any) -> str:
     return "body:" + hashlib.sha256(raw).hexdigest()[:32]
 
 
-def _outage(exc: BaseException) -> bool:
-    """Slack's outage, raised as it is or as the cause of what was raised."""
-    seen = 0
-    cause: BaseException | None = exc
-    while cause is not None and seen < 5:
-        if faults.is_outage(cause):
-            return True
-        cause, seen = cause.__cause__ or cause.__context__, seen + 1
-    return False
+def outage_pause(tries: int) -> float:
+    """Seconds to wait before trying again what an outage held `tries` times before."""
+    base = min(OUTAGE_RETRY_MAX, OUTAGE_RETRY_FIRST * 2 ** min(tries, 16))
+    return base * (1 + random.random() / 5)
+
+
+class Outages:
+    """The outages holding events now, said once when each begins and once when it ends
+    (the first held event taken in after it)."""
+
+    BEGAN = {"store": "the store is unavailable (%s); events are kept and taken in by "
+                      "themselves when it is back",
+             "slack": "Slack is unavailable (%s); events are kept and taken in by "
+                      "themselves when it answers again"}
+    ENDED = {"store": "the store is back after %.0f s; the %d events it held are taken in",
+             "slack": "Slack answers again after %.0f s; the %d events it held are taken in"}
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __contains__(self, kind: str) -> bool:
+        return kind in self._since
+
+    def began(self, kind: str, exc: BaseException, *, new: bool = True) -> None:
+        """An event is held by `kind`'s outage (`new`: for the first time)."""
+        if kind not in self._since:
+            self._since[kind] = time.monotonic()
+            self._held[kind] = 0
+            log.warning("slack: " + self.BEGAN[kind], faults.describe(exc))
+            new = True
+        self._held[kind] += int(new)
+
+    def ended(self, kinds: set[str]) -> None:
+        for kind in kinds:
+            since = self._since.pop(kind, None)
+            if since is not None:
+                log.warning("slack: " + self.ENDED[kind], time.monotonic() - since,
+                            self._held.pop(kind, 0))
+
+
+@dataclass(eq=False)
+class _Work:
+    """An event in its lane, with what outages did to it so far."""
+
+    ev: Inbound
+    waits: int = 0  # times an outage parked it
+    held: set[str] = field(default_factory=set)  # whose outages ("store", "slack")
+
+
+class _Park(Exception):  # noqa: N818 - not an error: the lane waits this long
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 class Inbox:
     def __init__(self, port: AgentPort, config: SlackConfig, *, files: Files, people: People,
                  working: Working, web, agent_name: str,
                  done: Callable[[str], None] = lambda _event_id: None,
+                 settled: Callable[[Inbound], None] = lambda _ev: None,
                  concurrency: int = 16):
         self.port = port
         self.config = config
@@ -85,8 +144,10 @@ class Inbox:
         self.web = web
         self.agent_name = agent_name
         self.done = done  # an event's processing committed (the journal forgets it)
+        self.settled = settled  # the same for a message caught up from history
         self.me: Identity | None = None
         self.lanes = Lanes(self._process, concurrency)
+        self.outages = Outages()
 
     # -- before the ack (any thread) -----------------------------------------------
 
@@ -101,42 +162,62 @@ class Inbox:
     # -- on the agent's loop -------------------------------------------------------
 
     def enqueue(self, ev: Inbound) -> None:
-        self.lanes.put(routing.conversation_key(ev), ev.order, ev)
+        self.lanes.put(routing.conversation_key(ev), ev.order, _Work(ev))
 
-    async def _process(self, ev: Inbound) -> None:
-        failure: Exception | None = None
-        for attempt in range(1, ATTEMPTS + 1):
+    async def _process(self, work: _Work) -> float | None:
+        """The lanes' handler: None once the event is finished with; a number of seconds
+        to park its lane for, when an outage holds it."""
+        ev = work.ev
+        try:
+            taken = await self._take(work)
+        except _Park as park:
+            return park.seconds
+        if not taken:
+            return None  # left in the journal: retried on the next start
+        if ev.caught_up:
+            self.settled(ev)
+        else:
+            self.done(ev.event_id)
+        return None
+
+    async def _take(self, work: _Work) -> bool:
+        """Process the event: True once taken in or quarantined; False: it could not even
+        be quarantined (left for the next start). Raises `_Park` when an outage holds it."""
+        ev = work.ev
+        failures = 0
+        while True:
             try:
                 await getattr(self, f"_on_{ev.kind}")(ev)
-                failure = None
-                break
             except Exception as exc:
-                failure = exc
-                if attempt < ATTEMPTS:
-                    log.warning("slack: event %s failed, retrying", ev.event_id,
+                kind = faults.outage_of(exc)
+                if kind is not None:  # no fault of the event's: wait, and try it again
+                    self.outages.began(kind, exc, new=kind not in work.held)
+                    work.held.add(kind)
+                    work.waits += 1
+                    raise _Park(outage_pause(work.waits - 1)) from None
+                failures += 1
+                if failures < ATTEMPTS:
+                    log.warning("slack: event %s failed, retrying", ev.event_id or ev.ts,
                                 exc_info=True)
-                    await asyncio.sleep(0.2 * 2 ** attempt)
-        if failure is not None and not await self._give_up(ev, failure):
-            return  # left in the journal: retried on the next start
-        self.done(ev.event_id)
+                    await asyncio.sleep(0.2 * 2 ** failures)
+                    continue
+                self.outages.ended(work.held)
+                return await self._give_up(ev, exc)
+            self.outages.ended(work.held)
+            return True
 
     async def _give_up(self, ev: Inbound, exc: Exception) -> bool:
-        """After the last attempt: quarantine the event unless the failure is an outage
-        (Slack's, or the store's: it is probed), which is no fault of the event's and is
-        left journaled for the next start. True once quarantined."""
-        if _outage(exc):
-            log.warning("slack: event %s failed %d times while Slack is unavailable (%s); "
-                        "it stays journaled", ev.event_id, ATTEMPTS, faults.describe(exc))
-            return False
-        log.error("slack: event %s (%s) failed %d times", ev.event_id, ev.kind, ATTEMPTS,
-                  exc_info=exc)
+        """After the last attempt of a failure that is no outage: quarantine the event.
+        True once quarantined."""
+        log.error("slack: event %s (%s) failed %d times", ev.event_id or ev.ts, ev.kind,
+                  ATTEMPTS, exc_info=exc)
         external_id = quarantine_id(ev.raw)
-        try:  # also a probe: a store that does not answer is an outage, not the event's
-            known = await self.port.submission(CHANNEL, external_id)
-        except Exception:
-            log.warning("slack: the store is unavailable; event %s stays journaled",
-                        ev.event_id, exc_info=True)
-            return False
+        try:
+            known = await self._holding(lambda: self.port.submission(CHANNEL, external_id))
+        except Exception as read_failed:  # noqa: BLE001 - listed under its own id, then
+            log.warning("slack: reading what event %s was taken as failed: %s",
+                        ev.event_id or ev.ts, faults.describe(read_failed))
+            known = None
         if known is not None and known["state"] != "quarantined":
             external_id += ":failed"  # taken in before it failed (the catch-up after a
             # mention's commit, say): listed all the same
@@ -144,18 +225,36 @@ class Inbox:
             ev.raw, f"{ev.kind} {ev.channel}:{ev.ts} could not be taken in ({ATTEMPTS} "
             f"attempts): {faults.describe(exc)}", external_id=external_id)
 
+    async def _holding(self, call: Callable[[], Any]) -> Any:
+        """`await call()`, waiting out the store's outage (tried again with backoff)."""
+        waits = 0
+        while True:
+            try:
+                result = await call()
+            except Exception as exc:
+                if faults.outage_of(exc) != "store":
+                    raise
+                self.outages.began("store", exc, new=not waits)
+                await asyncio.sleep(outage_pause(waits))
+                waits += 1
+                continue
+            if waits:
+                self.outages.ended({"store"})
+            return result
+
     async def quarantine(self, body: Any, reason: str, *, external_id: str | None = None
                          ) -> bool:
         """Record an event that cannot be taken in, with the reason, where `steward
         quarantine` lists it. It is kept under its event id, which a submission of the
         event would carry too: a retry or a replay of it can never be submitted later. The
-        body is kept with it (left out if the store refuses it). True once stored (or
-        stored before); False: the store failed, the caller leaves it journaled."""
+        body is kept with it (left out if the store refuses it). The store's outage is
+        waited out. True once stored (or stored before); False: the store refused it, the
+        caller leaves it journaled."""
         external_id = external_id or quarantine_id(body)
         for payload in (body, None):
-            try:
-                new = await self.port.quarantine(CHANNEL, [external_id],
-                                                 reason[:QUARANTINE_REASON], payload)
+            try:  # the store's outage is waited out: it is not the event's fault either
+                new = await self._holding(lambda p=payload: self.port.quarantine(
+                    CHANNEL, [external_id], reason[:QUARANTINE_REASON], p))
             except Exception:
                 log.exception("slack: quarantining event %s failed", external_id)
                 continue

@@ -11,6 +11,13 @@ fact been stored is a no-op. When the file grows past `COMPACT_BYTES` it is rewr
 only the pending events (atomically), so it stays small under steady traffic. The file is
 private to its owner (0600), like everything in the home directory; opening the journal
 rewrites it, which also tightens one an older version left 0644.
+
+A write that fails (a full disk, an I/O error), also one that wrote only part of its lines,
+is cut back to the last good byte before the error is raised: no torn line is left for the
+next line to be glued to. The events of a failed write are not acknowledged (the caller
+answers so that Slack sends them again, `connector.py`); the `done` lines of a failed write
+go with the next one. Reading back, a line that does not parse is searched for a whole
+record at its end (a line an older version glued to a torn one), so it is not lost either.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class Journal:
         self._flusher: asyncio.Task | None = None
         self._pending: dict[str, str] = {}  # event id -> its journal line
         self._size = 0
+        self._good: int | None = None  # the file's length after the last good write
 
     async def open(self) -> list[dict]:
         """Read what the last process left: the bodies of events never marked done."""
@@ -57,6 +65,8 @@ class Journal:
         self._kick()
 
     async def close(self) -> None:
+        if self._queue:  # `done` lines a failed write left behind: one more try
+            self._kick()
         while self._flusher is not None and not self._flusher.done():
             await self._flusher
 
@@ -73,11 +83,17 @@ class Journal:
                 lines = list(self._pending.values())
             try:
                 await asyncio.to_thread(self._write, lines, compact)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - each waiting append is told
                 log.error("slack journal %s: %s", self.path, exc)
                 for _, future in batch:
                     if future is not None and not future.done():
                         future.set_exception(exc)
+                # The `done` lines go with the next write (lazily, as ever): now if appends
+                # queued up meanwhile (each is answered), else with the next append or done.
+                waiting = any(future is not None for _, future in self._queue)
+                self._queue[:0] = [(line, None) for line, future in batch if future is None]
+                if not waiting:
+                    return
                 continue
             for _, future in batch:
                 if future is not None and not future.done():
@@ -89,21 +105,40 @@ class Journal:
         if compact:
             self._replace(lines)
             return
-        with open(self.path, "a", encoding="utf-8", opener=_private) as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            if any(line.startswith('{"event"') for line in lines):
-                os.fsync(f.fileno())
-            self._size = f.tell()
+        data = "".join(line + "\n" for line in lines).encode()
+        sync = any(line.startswith('{"event"') for line in lines)
+        fd = _private(str(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            end = os.fstat(fd).st_size
+            if self._good is not None and end != self._good:
+                os.ftruncate(fd, self._good)  # what a failed write left, if cutting failed
+                end = self._good
+            try:
+                _write_all(fd, data)
+                if sync:
+                    os.fsync(fd)
+            except BaseException:
+                _cut(fd, end, self.path)
+                raise
+            self._size = self._good = end + len(data)
+        finally:
+            os.close(fd)
 
     def _replace(self, lines: list[str]) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8", opener=_private) as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-            self._size = f.tell()
-        os.replace(tmp, self.path)
+        data = "".join(line + "\n" for line in lines).encode()
+        try:
+            fd = _private(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # the journal itself is as it was
+            raise
+        self._size = self._good = len(data)
 
     def _read_and_rewrite(self) -> list[dict]:
         events: dict[str, dict] = {}
@@ -113,7 +148,9 @@ class Journal:
                     try:
                         record = json.loads(line)
                     except ValueError:
-                        continue  # a torn last line: its ack was never sent
+                        # A torn last line (its ack was never sent), or a whole record glued
+                        # to a torn one by an older version: that record is kept.
+                        record = _glued_record(line)
                     if not isinstance(record, dict):
                         continue  # nothing this journal writes: passed over like a torn line
                     event, done = record.get("event"), record.get("done")
@@ -136,3 +173,41 @@ def _private(path: str, flags: int) -> int:
 
 def _line(body: dict) -> str:
     return json.dumps({"event": body})
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte (a short write is followed by another, which raises the error)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _cut(fd: int, length: int, path: Path) -> None:
+    """Cut the file back to `length` after a failed write (shrinking needs no space)."""
+    try:
+        os.ftruncate(fd, length)
+    except OSError as exc:  # the next write tries again before it appends
+        log.error("slack journal %s: cannot cut a failed write back: %s", path, exc)
+
+
+_RECORD_STARTS = ('{"event": ', '{"done": ')
+
+
+def _glued_record(line: str) -> object:
+    """The last whole record in a line that does not parse, or None."""
+    starts = sorted((i for mark in _RECORD_STARTS for i in _find_all(line, mark) if i > 0),
+                    reverse=True)
+    for i in starts:
+        try:
+            return json.loads(line[i:])
+        except ValueError:
+            continue
+    return None
+
+
+def _find_all(text: str, mark: str) -> list[int]:
+    found, i = [], text.find(mark)
+    while i != -1:
+        found.append(i)
+        i = text.find(mark, i + 1)
+    return found

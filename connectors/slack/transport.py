@@ -3,9 +3,11 @@
 Bolt runs its built-in middleware (the signing-secret check with its five-minute
 timestamp window in HTTP mode, url_verification, ssl_check, dropping Steward's own
 events); then one middleware of ours takes every `event_callback`, journals it and answers
-200. Nothing else happens before the ack, and all of it runs on the connector's ack loop
-(`ackloop.py`): processing runs afterwards in the lanes on the agent's loop, so the ack
-never waits for the store, Slack's API or the model. A click on a button (`block_actions`)
+200; an event that could not be journaled (a full disk) is not acknowledged: a 503 in HTTP
+mode, no ack in Socket Mode, and Slack sends it again. Nothing else happens before the
+ack, and all of it runs on the connector's ack loop (`ackloop.py`): processing runs
+afterwards in the lanes on the agent's loop, so the ack never waits for the store, Slack's
+API or the model. A click on a button (`block_actions`)
 is the exception: Slack never sends it again, so it is applied before its ack (one
 commit, see `actions.py`), and a click that could not be gets a 503.
 
@@ -16,7 +18,9 @@ commit, see `actions.py`), and a click that could not be gets a 503.
   bad signature get a 401; a body that is not UTF-8, or, signed, is not a JSON object with
   an object for its `event`, gets a 400.
 * `SocketTransport`: slack_sdk's aiohttp Socket Mode client (it reconnects by itself);
-  the ack is sent on the websocket once the envelope is journaled.
+  the ack is sent on the websocket once the envelope is journaled. Each connection after
+  the first (a reconnect: Slack sent nothing meanwhile) is told to `on_reconnect`, which
+  reads what was said in between (`catchup.py`).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ bolt_log.addFilter(_NoEnvTokenWarning())
 
 
 def build_app(web_api: SlackWeb, *, signing_secret: str | None, identity: Callable[[], Identity],
-              on_event: Callable[[dict], Awaitable[None]],
+              on_event: Callable[[dict], Awaitable[bool]],
               on_action: Callable[[dict], Awaitable[bool]]) -> AsyncApp:
     async def authorize(**_: object) -> AuthorizeResult:
         me = identity()
@@ -77,7 +81,8 @@ def build_app(web_api: SlackWeb, *, signing_secret: str | None, identity: Callab
             return BoltResponse(status=200 if await on_action(body) else 503, body="")
         if body.get("type") != "event_callback":
             return await next()
-        await on_event(body)
+        if not await on_event(body):  # not journaled: Slack must send it again
+            return BoltResponse(status=503, body="")
         return BoltResponse(status=200, body="")
 
     app.use(take_events)
@@ -153,18 +158,30 @@ class HttpTransport:
 
 
 class SocketTransport:
-    def __init__(self, app: AsyncApp, app_token: str, web_api: SlackWeb):
+    def __init__(self, app: AsyncApp, app_token: str, web_api: SlackWeb,
+                 on_reconnect: Callable[[], None] = lambda: None):
         self.app = app
         self.app_token = app_token
         self.web_api = web_api
+        self.on_reconnect = on_reconnect  # called on the ack loop
         self._handler: AsyncSocketModeHandler | None = None
+        self._hellos = 0
 
     async def start(self) -> None:
         # a client of its own: this runs on the ack loop, the shared session lives elsewhere
         self._handler = AsyncSocketModeHandler(self.app, self.app_token,
                                                web_client=self.web_api.bare_client())
+        self._handler.client.message_listeners.append(self._hello)
         await self._handler.connect_async()
         log.info("slack: connected in Socket Mode")
+
+    async def _hello(self, _client: object, message: dict, _raw: str | None) -> None:
+        """Slack's greeting on each new connection; after the first, a reconnect."""
+        if message.get("type") != "hello":
+            return
+        self._hellos += 1
+        if self._hellos > 1:
+            self.on_reconnect()
 
     async def stop(self) -> None:
         if self._handler is not None:

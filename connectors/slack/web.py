@@ -11,6 +11,10 @@ Two clients share one aiohttp session:
 `close()` lets calls in flight finish, then closes the session; calls after that still
 work, each on a session of its own (slack_sdk's behaviour without a shared session), so
 deliveries that run while the process drains are not lost.
+
+Whatever a call raises is marked as Slack's (`faults.from_slack`), so that a refused
+connection or a timeout of a Slack call is never taken for the store's outage, nor the
+store's for Slack's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryInterv
 from slack_sdk.http_retry.jitter import Jitter
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from .faults import mark_from_slack
 
 TIMEOUT = 30  # seconds per request
 RATE_LIMIT_RETRIES = 5
@@ -89,6 +95,9 @@ class SlackWeb:
         self._inflight += 1
         try:
             return await getattr(client, method)(**kwargs)
+        except Exception as exc:
+            mark_from_slack(exc, method)
+            raise
         finally:
             self._inflight -= 1
             if not self._inflight:

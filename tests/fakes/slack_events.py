@@ -35,10 +35,14 @@ def channel_type_of(channel: str) -> str:
 
 def says(slack: FakeSlack, channel: str, user: str, text: str, *,
          thread_ts: str | None = None, files: list[dict] | None = None,
-         bot_id: str | None = None, channel_type: str | None = None) -> tuple[dict, dict]:
+         bot_id: str | None = None, channel_type: str | None = None,
+         ts: str | None = None) -> tuple[dict, dict]:
     """A user (or bot) posts a message: (the stored message, its `message` event body).
-    `channel_type` when the id does not tell (a group DM, "mpim", is a G… id too)."""
+    `channel_type` when the id does not tell (a group DM, "mpim", is a G… id too); `ts`
+    to date it (else the workspace's clock gives the next one)."""
     message: dict = {"user": user, "text": text, "team": TEAM}
+    if ts:
+        message["ts"] = ts
     if thread_ts:
         message["thread_ts"] = thread_ts
     if files:

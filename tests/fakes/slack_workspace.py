@@ -27,6 +27,9 @@ class Workspace:
         self.dms: dict[str, str] = {}  # user -> the id of Steward's DM with them
         self.ephemeral: list[dict] = []  # chat.postEphemeral: seen by one user, not kept
         self.port = 0
+        # The most messages conversations.history/replies give per page, whatever `limit`
+        # asks (Slack caps it too: 1000, and 15 for some apps); lower it to see cursors.
+        self.page_cap = 1000
         self._tick = 0
         self._base = int(time.time()) - 100_000
         self._lock = threading.RLock()
@@ -227,7 +230,7 @@ class Workspace:
             msgs = [m for m in msgs if float(m["ts"]) < float(latest)
                     or (inclusive and m["ts"] == latest)]
         start = int(p.get("cursor") or 0)
-        limit = min(int(p.get("limit") or 100), 1000)
+        limit = min(int(p.get("limit") or 100), self.page_cap)
         page = msgs[start:start + limit]
         with_meta = str(p.get("include_all_metadata", "0")) in ("1", "true")
         out = [m if with_meta else {k: v for k, v in m.items() if k != "metadata"}
