@@ -39,6 +39,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from store import revision
 from store.errors import StoreError
+from store.outage import is_unavailable
 from store.read_pool import SqliteReaders
 from store.writer import SqliteWriter
 
@@ -158,7 +159,11 @@ class _HotLease:
 
     async def __aexit__(self, _type, exc, _tb) -> None:
         pool = self._pool
-        pool._give_back(self._conn, exc is None or isinstance(exc, pool._kept_after))
+        # A refusal leaves the connection fine; the server shutting down, crashing or
+        # dropping it does not, even when it said so as an error (57P01 `AdminShutdown`):
+        # kept, its next use would find it half-way through the last one.
+        pool._give_back(self._conn, exc is None or (isinstance(exc, pool._kept_after)
+                                                    and not is_unavailable(exc)))
 
 
 def _configure_sqlite(dbapi_conn) -> None:

@@ -283,3 +283,28 @@ async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_wor
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_a_hot_path_connection_the_server_shut_down_under_a_statement_is_not_kept(pg):
+    """A statement the server shut down under fails with its reason (57P01, as an error of
+    the server's): the connection is gone all the same, and the pool must not hand it to
+    the next use (a commit once failed so: "another operation is in progress")."""
+    store = await open_store(pg.url)
+    try:
+        pool = await store._engines.pool()
+
+        async def sleep_in_the_server():
+            async with pool.acquire() as conn:
+                await conn.fetchval("SELECT pg_sleep(30)")
+
+        sleeping = asyncio.create_task(sleep_in_the_server())
+        await asyncio.sleep(0.5)
+        await pg.restart("fast")
+        with pytest.raises(Exception) as shut:
+            await sleeping
+        assert is_unavailable(shut.value), shut.value
+        for _ in range(3):
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await store.close()

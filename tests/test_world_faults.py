@@ -48,7 +48,7 @@ from tests.test_chaos import (
     BOB,
     EVE,
     Model,
-    TakenAsSent,
+    SentAgain,
     Workload,
     cut_off,
     environment,
@@ -93,7 +93,7 @@ async def under_faults(home: Path, store_url: str, account, breaker, *, messages
     msgs = plan(rng, messages, gap=0.45)
     convs = {m.token: m.conv for m in msgs}
     logs = logs or home
-    taken = TakenAsSent(logs)
+    again = SentAgain(logs)
     with ChaosSlack() as slack, FakeLLMServer() as llm:
         for user, name in ((ALICE, "Alice"), (BOB, "Bob"), (EVE, "Eve")):
             slack.add_user(user, name)
@@ -117,7 +117,7 @@ async def under_faults(home: Path, store_url: str, account, breaker, *, messages
                          asyncio.create_task(breaker(steward))]
                 await asyncio.gather(*tasks)
                 settled = await quiesce(steward, slack, sink, llm, sender,
-                                        lambda: satisfied(msgs, slack, sink, taken),
+                                        lambda: satisfied(msgs, slack, sink),
                                         quiet=4.0, give_up=40.0)
                 health_file = home / "health.json"
                 health = json.loads(health_file.read_text()) if health_file.exists() else {}
@@ -132,7 +132,7 @@ async def under_faults(home: Path, store_url: str, account, breaker, *, messages
             await steward.stop_quietly()
             await sink.stop()
     answers, refusals = received(slack, sink)
-    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink), taken())
+    t = tally(msgs, answers, refusals, await sent_folder(account), cut_off(sink), again())
     log = steward.log_path(0).read_text(errors="replace")
     line = (f"messages={sum(m.sent_at is not None for m in msgs)} lost={len(t.lost)} "
             f"duplicate={len(t.duplicate)} wrong={len(t.wrong)} (seed {seed}); in doubt "

@@ -311,13 +311,13 @@ class Runner:
             self._wake.set()
 
     async def _hand_back_stranded(self) -> None:
-        """Tasks whose commit the store's outage refused go back to pending as they were
-        last committed (their phase's effect is judged by its replay policy when it runs
-        again), before the claim that would count each of them a death."""
+        """Tasks whose commit failed (the store's outage, mostly) go back to pending as they
+        were last committed (their phase's effect is judged by its replay policy when it
+        runs again), before the claim that would count each of them a death."""
         stranded = sorted(self._stranded - set(self._inflight))
         if stranded:
             n = await self.store.release_tasks(self.owner, stranded)
-            log.info("handed back %d task(s) whose commit the outage refused", n)
+            log.info("handed back %d task(s) whose commit failed", n)
         self._stranded.clear()
 
     async def _anything_due_soon(self, horizon: float | None) -> bool:
@@ -432,13 +432,14 @@ class Runner:
         except LeaseLost as exc:
             log.warning("%s", exc)
         except Exception as exc:
-            if is_unavailable(exc):  # handed back by the claim loop once the store is back
+            # Handed back by the claim loop (once the store answers): no claim takes over
+            # a lease of its own claimer, so left as it is, it would wait for a restart.
+            self._stranded.add(task.id)
+            if is_unavailable(exc):
                 log.info("task %s (%s): its commit waits for the store: %s", task.id,
                          task.kind, describe(exc))
-                self._stranded.add(task.id)
-                return
-            # The database refused it otherwise: the lease will expire and it is retried.
-            log.exception("task %s (%s): could not commit", task.id, task.kind)
+            else:
+                log.exception("task %s (%s): could not commit", task.id, task.kind)
 
     async def _drive_phases(self, ctx: TaskContext, slot: _Slot | None = None) -> None:
         task = ctx.task
