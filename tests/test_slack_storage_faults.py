@@ -21,10 +21,6 @@ import errno
 import inspect
 import json
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -37,6 +33,7 @@ from store import Store, Writes, open_store
 from tests.fakes.slack_events import mentions, says
 from tests.fakes.slack_rig import SlackRig
 from tests.fakes.slack_server import FakeSlack
+from tests.fakes.small_disk import fill, mounted
 
 ALICE, BOB = "U0ALICE", "U0BOB"
 SLACK_PEOPLE = ((ALICE, "Alice"), (BOB, "Bob"))
@@ -288,33 +285,9 @@ async def test_the_database_server_going_away_is_the_stores_outage_not_slacks(
 
 @pytest.fixture
 def small_disk():
-    """A 64 KiB tmpfs of the test's own (we run as root), unmounted after the test."""
-    where = Path(tempfile.mkdtemp(prefix="steward-journal-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
-                   check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-        shutil.rmtree(where, ignore_errors=True)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of `disk` with a ballast file; returns it."""
-    ballast = disk / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (16384, 4096, 512, 1):
-            chunk = b"\0" * size
-            while True:
-                try:
-                    os.write(fd, chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC, exc
-                    break
-    finally:
-        os.close(fd)
-    return ballast
+    """A 64 KiB tmpfs of the test's own."""
+    with mounted("64k") as disk:
+        yield disk
 
 
 def body(n: int, text: str = "") -> dict:

@@ -17,7 +17,7 @@ import pytest
 from bot.runtime import Done, Effect, Policy, Registry, Runner, RunnerOptions, TaskDef
 from bot.runtime.supervision import Health, read_health
 from store import DONE, Writes, is_unavailable, open_store
-from tests.fakes.pg_cluster import PgCluster
+from tests.fakes.pg_cluster import pg_fixture  # noqa: F401 - a fixture
 
 FAST = RunnerOptions(concurrency=4, lease_seconds=3, max_attempts=3, outage_attempts=6,
                      retry_base_seconds=0.01, retry_max_seconds=0.02, poll_seconds=0.05)
@@ -156,16 +156,6 @@ async def test_health_is_written_for_doctor_and_the_inspector(tmp_path):
 
 
 # -- PostgreSQL going away and coming back -------------------------------------------------
-
-
-@pytest.fixture
-async def pg():
-    cluster = PgCluster()
-    try:
-        await cluster.start()
-        yield cluster
-    finally:
-        await cluster.remove()
 
 
 async def test_postgres_going_away_is_waited_out(pg, caplog):

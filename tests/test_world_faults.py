@@ -21,13 +21,10 @@ outages it waited out.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import random
 import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +38,9 @@ from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
     dovecot_fixture,
 )
-from tests.fakes.pg_cluster import PgCluster
+from tests.fakes.pg_cluster import pg_fixture  # noqa: F401 - a fixture
 from tests.fakes.slack_rig import free_port
+from tests.fakes.small_disk import fill, mounted
 from tests.test_chaos import (
     ALICE,
     BOB,
@@ -152,16 +150,6 @@ def _lines(log: str, needle: str) -> int:
 # -- PostgreSQL restarting -----------------------------------------------------------------
 
 
-@pytest.fixture
-async def pg():
-    cluster = PgCluster()
-    try:
-        await cluster.start()
-        yield cluster
-    finally:
-        await cluster.remove()
-
-
 async def test_postgres_restarting_under_load_loses_nothing(pg, tmp_path, account):
     seed = fault_seed()
     rng = random.Random(f"{seed}:pg")
@@ -195,35 +183,9 @@ async def test_postgres_restarting_under_load_loses_nothing(pg, tmp_path, accoun
 
 @pytest.fixture
 def small_disk():
-    """A 48 MB tmpfs of the test's own, mounted for the test and unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    where = Path(tempfile.mkdtemp(prefix="steward-disk-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0700", "tmpfs", str(where)],
-                   check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-        shutil.rmtree(where, ignore_errors=True)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of `disk` (a ballast file); returns it."""
-    ballast = disk / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (1 << 20, 4096, 512):  # down to the last page
-            chunk = b"\0" * size
-            while True:
-                try:
-                    os.write(fd, chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC, exc
-                    break
-    finally:
-        os.close(fd)
-    return ballast
+    """A 48 MB tmpfs of the test's own: room for the home, not for a ballast as well."""
+    with mounted("48m") as disk:
+        yield disk
 
 
 async def test_a_full_disk_for_a_while_loses_nothing(small_disk, tmp_path, account):

@@ -16,6 +16,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+import pytest
+
 
 def _bindir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
@@ -91,3 +93,15 @@ class PgCluster:
             await self._pg("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.data),
                            check=False)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+@pytest.fixture(name="pg")
+async def pg_fixture():
+    """A server of the test's own, started; removed after the test."""
+    cluster = PgCluster()
+    try:
+        await cluster.start()
+        yield cluster
+    finally:
+        await cluster.remove()
+
