@@ -116,8 +116,10 @@ def test_doctor_reads_what_health_says():
     ok = {"runner": {"state": "ok", "last_progress": now - 1, "outages": 2}}
     me = os.getpid()
     assert judge_health(None, now)[0] == OK
-    status, detail, _ = judge_health({"pid": me, "updated_at": now - 1, "loops": ok}, now)
+    status, detail, _ = judge_health({"pid": me, "updated_at": now - 1, "loops": ok,
+                                      "connected": {"slack": True, "email": False}}, now)
     assert status == OK and "2 store outage(s) waited out" in detail
+    assert "slack connected, email connecting" in detail
     assert judge_health({"pid": me, "updated_at": now - 90, "loops": ok}, now)[0] == FAIL
     waiting = {"runner": {"state": "waiting for the store", "outage_since": now - 40,
                           "error": "OperationalError: database or disk is full"}}

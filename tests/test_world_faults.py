@@ -140,6 +140,7 @@ async def under_faults(home: Path, store_url: str, account, breaker, *, messages
     assert steward.runs == 1 and not steward.crashes, f"{line}\n{steward.tail()}"
     assert code == 0, f"{line}\nSIGTERM: exit {code}\n{steward.tail()}"
     assert t.clean, f"{line}\n{problems}\n{steward.tail()}"
+    assert health and health["connected"] == {"slack": True, "email": True}, health
     return steward, t, log, health
 
 

@@ -142,6 +142,10 @@ def judge_health(health: dict | None, now: float) -> tuple[str, str, str]:
                 f"{stalled:.0f} s", restart
     waited = sum(int(loop.get("outages") or 0) for loop in loops.values())
     note = f"; {waited} store outage(s) waited out since it started" if waited else ""
+    connected = health.get("connected") or {}
+    if connected:
+        note += "; " + ", ".join(f"{name} {'connected' if up else 'connecting'}"
+                                 for name, up in connected.items())
     return OK, f"`steward run` (pid {pid}) serving: {', '.join(loops) or 'no loops'} ok{note}", ""
 
 

@@ -164,6 +164,7 @@ async def run_forever(config: Config) -> int:
         app.mcp.start()  # kept up from now on, restarted when they die
         for connector in app.connectors:
             await connector.start()
+            app.health.connected[connector.name] = lambda c=connector: getattr(c, "up", True)
         if app.banner:
             print(app.banner, file=sys.stderr, flush=True)
         names = ", ".join(c.name if getattr(c, "up", True) else f"{c.name} (connecting)"

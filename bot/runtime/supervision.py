@@ -112,6 +112,8 @@ class Health:
         self.path = None if home is None else home / HEALTH_FILE
         self.loops: dict[str, LoopHealth] = {}
         self.started_at = time.time()
+        # name -> whether it is connected now (the connectors' `up`), read at each write
+        self.connected: dict[str, Callable[[], bool]] = {}
 
     def loop(self, name: str, **kw) -> LoopHealth:
         self.loops[name] = LoopHealth(name, **kw)
@@ -120,7 +122,8 @@ class Health:
     def snapshot(self) -> dict:
         return {"pid": os.getpid(), "started_at": round(self.started_at, 3),
                 "updated_at": round(time.time(), 3),
-                "loops": {name: h.snapshot() for name, h in self.loops.items()}}
+                "loops": {name: h.snapshot() for name, h in self.loops.items()},
+                "connected": {name: bool(up()) for name, up in self.connected.items()}}
 
     async def publish(self, every: float = PUBLISH_SECONDS) -> None:
         """Write the snapshot every `every` seconds, until cancelled. A write that fails
