@@ -213,5 +213,6 @@ async def test_a_full_disk_for_a_while_loses_nothing(small_disk, tmp_path, accou
     print("disk:", ", ".join(spans))
     assert _lines(log, "the store is unavailable") >= 1, log[-6000:]
     assert _lines(log, "Traceback") <= 10, log[-6000:]
-    assert health["loops"]["runner"]["outages"] >= 1
-    assert health and health["loops"]["runner"]["state"] == "ok"
+    # Whichever loops met the full disk (the runner's claims, its commits, the scheduler;
+    # Slack's and the mail's intake log it), each is back to work.
+    assert {h["state"] for h in health["loops"].values()} == {"ok"}, health
