@@ -211,7 +211,11 @@ async def test_a_full_disk_for_a_while_loses_nothing(small_disk, tmp_path, accou
         home, f"sqlite+aiosqlite:///{home / 'steward.db'}", account, fill_then_free,
         messages=40, seed=seed, budget=420, logs=tmp_path)
     print("disk:", ", ".join(spans))
-    assert _lines(log, "the store is unavailable") >= 1, log[-6000:]
+    # Steward met the full disk: the Slack journal appends with every event; SQLite only
+    # when its WAL must grow (it reuses the space a checkpoint freed), which depends on
+    # timing.
+    met = _lines(log, "the store is unavailable") + _lines(log, "could not be journaled")
+    assert met >= 1, log[-6000:]
     assert _lines(log, "Traceback") <= 10, log[-6000:]
     # Whichever loops met the full disk (the runner's claims, its commits, the scheduler;
     # Slack's and the mail's intake log it), each is back to work.

@@ -2,36 +2,47 @@
 back, however long it was away (over HTTP Slack sends an event three times within minutes;
 to a disconnected Socket Mode app, nothing at all).
 
-On start, and after each reconnect in Socket Mode, a pass reads what arrived in the
-conversations Steward serves:
+On start, and after each reconnect in Socket Mode, a pass lists the conversations Steward
+is in (users.conversations, once, in cursor pages) and reads what arrived in those it
+serves:
 
-    DMs      each DM Steward has a transcript of, however long it was quiet, the latest
-             active `MAX_CONVERSATIONS` (conversations.history)
-    threads  each thread it follows (one it has a transcript of) that was active lately,
-             in a channel or a DM, the latest active `MAX_CONVERSATIONS`
-             (conversations.replies)
+    DMs       each DM Steward has a transcript of, however long it was quiet, the latest
+              active `MAX_CONVERSATIONS`; and, up to `MAX_CONVERSATIONS`, each other DM
+              listed whose person routing answers, or refuses while no refusal was given
+              there yet (a person's very first message) (conversations.history)
+    threads   each thread it follows (one it has a transcript of) that was active lately,
+              in a channel or a DM, the latest active `MAX_CONVERSATIONS`
+              (conversations.replies)
+    channels  the top level of each channel, private channel and group DM listed (where a
+              mention can get an answer or a refusal), up to `MAX_CONVERSATIONS`: only the
+              messages that mention Steward are taken, as their `app_mention` would have
+              been; the chatter around them gets nothing (conversations.history)
 
 read in cursor pages (429s are waited out by the Web API client, `web.py`), from `MARGIN`
 before the mark (the newest message Steward took) on, and never from further back than
-`[slack] catchup_hours` (0: no catch-up). "Lately": active in the store within
-`catchup_hours` before Steward last wrote the mark (when it was last up). The mark is the
-position `slack:<team>` / `catchup` kept through the port: {"ts": a Slack ts, "at": when
-it was written}.
+`[slack] catchup_hours` (0: no catch-up); a conversation with nothing new costs one call.
+"Lately": active in the store within `catchup_hours` before Steward last wrote the mark
+(when it was last up). The mark is the position `slack:<team>` / `catchup` kept through
+the port: {"ts": a Slack ts, "at": when it was written}. The listing needs the scopes
+im:read, mpim:read, channels:read and groups:read: without them Slack answers
+missing_scope (said once a process), and the pass reads the DMs and threads Steward knows.
 
 Each message read goes through the inbox as an event would (`Inbound.caught_up`), in its
 conversation's lane, under the same submission id (`<channel>:<ts>`): one taken before, or
-that also arrives as a retried event, is taken once. The mark moves with what is taken
-(an event once journaled, a message read here once it is taken), is written every
-`MARK_SECONDS` and at stop, and never past a message read here that is not taken yet: a
-process that stops half way reads it again.
+that also arrives as a retried event (a mention's `app_mention` or `message`), is taken
+once; routing decides who is answered, refused or ignored, as for a live message. The
+mark moves with what is taken (an event once journaled, a message read here once it is
+taken), is written every `MARK_SECONDS` and at stop, and never past a message read here
+that is not taken yet: a process that stops half way reads it again.
 
 An outage during a pass (the store's or Slack's) is waited out, with backoff, and the pass
 made again; a conversation Slack will not show (channel_not_found, not_in_channel,
 thread_not_found...) is passed over.
 
-Not read: a channel's top level (a mention there while Steward was away), a thread it
-never followed (a new thread under an old DM message), a DM it has no transcript of (a
-person's very first message): those wait for their events as before.
+Not read: a reply in a thread it does not follow yet (a new thread under an old DM
+message, a mention made in a reply under a channel message that did not mention it), a
+channel it is not in (none of its events would come either), and a conversation past the
+limits above: those wait for their events as before.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from slack_sdk.errors import SlackApiError
 from bot.port import AgentPort, Position
 from connectors.slack.config import SlackConfig
 
-from . import faults
+from . import faults, routing
 from .events import Identity, Inbound, Malformed, channel_type, parse
 from .inbound import Inbox
 from .web import SlackWeb
@@ -60,12 +71,14 @@ log = logging.getLogger(__name__)
 MARGIN = 900.0  # seconds before the mark read again (Slack retries an event for ~5 min)
 PAGE = 200  # messages asked for per page
 PAGES = 10  # pages per conversation and pass at the most
-MAX_CONVERSATIONS = 200  # DMs, and threads, read per pass: the latest active first
+MAX_CONVERSATIONS = 200  # DMs, first DMs, threads and channels read per pass, each
 MARK_SECONDS = 30.0  # between writes of the mark
 RETRY_FIRST, RETRY_MAX = 2.0, 60.0  # seconds before a failed pass is made again; doubling
 ERROR_PASSES = 3  # passes failing with an error that is no outage before it gives up
 POSITION = "catchup"
+LISTED = "im,mpim,public_channel,private_channel"  # what users.conversations is asked for
 _TS = re.compile(r"[0-9]{1,12}\.[0-9]{1,12}")
+_ID = re.compile(r"[A-Za-z0-9]{1,64}")
 
 
 def order(ts: str) -> tuple[int, ...]:
@@ -76,6 +89,34 @@ def order(ts: str) -> tuple[int, ...]:
 def owner_of(team: str) -> str:
     """The namespace the mark is kept under."""
     return f"slack:{team}"
+
+
+def kind_of(listed: dict) -> str:
+    """A conversation's channel type as its events say it (im, mpim, group, channel), from
+    what users.conversations lists."""
+    if listed.get("is_im"):
+        return "im"
+    if listed.get("is_mpim"):
+        return "mpim"
+    return "group" if listed.get("is_private") else "channel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """A conversation a pass reads: a DM's or a channel's top level (`root` None), or a
+    thread; `kind` is its channel type as events say it."""
+
+    channel: str
+    root: str | None
+    kind: str
+
+    @property
+    def mentions_only(self) -> bool:
+        """A channel's top level: only what mentions Steward is for it."""
+        return self.root is None and self.kind != "im"
+
+    def __str__(self) -> str:
+        return self.channel + (f" (thread {self.root})" if self.root else "")
 
 
 class CatchUp:
@@ -92,6 +133,7 @@ class CatchUp:
         self._passes: asyncio.Task | None = None
         self._marking: asyncio.Task | None = None
         self._again = False
+        self._unlisted_said = False  # that Slack would not list the conversations
         self.finished = 0  # passes made to the end (tests wait for them)
 
     @property
@@ -204,38 +246,114 @@ class CatchUp:
             last_up = now
         places = await self._places(me, last_up - self.horizon)
         read = 0
-        for channel, root in places:
+        for place in places:
             try:
-                messages = await self._read(channel, root, oldest)
+                messages = await self._read(place, oldest)
             except SlackApiError as exc:
                 if faults.is_outage(exc):
                     raise
-                log.info("slack: %s%s is not read to catch up: %s", channel,
-                         f" (thread {root})" if root else "", faults.describe(exc))
+                log.info("slack: %s is not read to catch up: %s", place, faults.describe(exc))
                 continue
             for m in messages:
-                ev = self._inbound(me, channel, root, m, floor)
+                ev = self._inbound(me, place, m, floor)
                 if ev is not None:
                     self._reading[(ev.channel, ev.ts)] = ev.ts
                     self.inbox.enqueue(ev)
                     read += 1
         return read, len(places)
 
-    async def _places(self, me: Identity, active_since: float) -> list[tuple[str, str | None]]:
-        """(channel, thread ts or None) of each conversation to read."""
-        found: dict[tuple[str, str | None], None] = {}
+    async def _places(self, me: Identity, active_since: float) -> list[Place]:
+        """Each conversation to read: the DMs it knows, first DMs, the threads it follows,
+        the channels' top levels."""
+        listed = await self._listed()
+        kinds = {c["id"]: kind_of(c) for c in listed}
+        dms: dict[str, Place] = {}
         for conversation in await self.port.conversations_active(
                 f"slack:{me.team}:D", since=0.0, limit=MAX_CONVERSATIONS, parts=3):
-            found[(conversation.key.split(":")[2], None)] = None  # a DM
+            channel = conversation.key.split(":")[2]
+            dms[channel] = Place(channel, None, "im")
+        threads: dict[tuple[str, str], Place] = {}
         for conversation in await self.port.conversations_active(
                 f"slack:{me.team}:", since=active_since, limit=MAX_CONVERSATIONS, parts=4):
             _, _, channel, root = conversation.key.split(":")
             if _TS.fullmatch(root):
-                found[(channel, root)] = None  # a thread it follows
-        return list(found)
+                threads[(channel, root)] = Place(
+                    channel, root, kinds.get(channel) or channel_type({"channel": channel}))
+        firsts: list[Place] = []
+        channels: list[Place] = []
+        for c in listed:
+            kind = kinds[c["id"]]
+            if kind != "im":
+                if self._heard_in(c["id"]):
+                    channels.append(Place(c["id"], None, kind))
+            elif c["id"] not in dms and await self._first_dm(me, c):
+                firsts.append(Place(c["id"], None, "im"))
+        return [*dms.values(), *_capped(firsts, "DMs"), *threads.values(),
+                *_capped(channels, "channels")]
 
-    async def _read(self, channel: str, root: str | None, oldest: float) -> list[dict]:
-        """The messages after `oldest` in a DM (root None) or a thread, oldest first."""
+    async def _listed(self) -> list[dict]:
+        """The conversations Steward is in, as users.conversations lists them (DMs with the
+        person's id as `user`); what was listed so far when Slack refuses (a missing scope).
+        An outage is raised: the pass is made again."""
+        found: dict[str, dict] = {}
+        cursor = None
+        try:
+            for _ in range(PAGES):
+                page = await self.web.call("users_conversations", types=LISTED,
+                                           exclude_archived=True, limit=PAGE,
+                                           **({"cursor": cursor} if cursor else {}))
+                for c in page.get("channels") or []:
+                    if isinstance(c, dict) and _ID.fullmatch(str(c.get("id") or "")):
+                        found[c["id"]] = c
+                cursor = (page.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+            else:
+                log.warning("slack: Steward is in more than %d conversations; the rest are "
+                            "not read to catch up", PAGE * PAGES)
+        except SlackApiError as exc:
+            if faults.is_outage(exc):
+                raise
+            if not self._unlisted_said:
+                self._unlisted_said = True
+                data = getattr(exc.response, "data", None)
+                needed = data.get("needed") if isinstance(data, dict) else None
+                log.warning("slack: Slack will not list the conversations Steward is in "
+                            "(%s%s): only the DMs and threads it knows are read to catch "
+                            "up, not a person's first DM nor a mention in a channel (the "
+                            "app needs the scopes im:read, mpim:read, channels:read, "
+                            "groups:read)", faults.describe(exc),
+                            f", needs {needed}" if needed else "")
+        return list(found.values())
+
+    async def _first_dm(self, me: Identity, listed: dict) -> bool:
+        """Whether a DM it has no transcript of is read: its person is answered, or
+        refused and no refusal was given there yet (routing decides, as for a live
+        message; a refusal is given once per conversation)."""
+        user = listed.get("user")
+        if not isinstance(user, str) or not _ID.fullmatch(user):
+            return False
+        decision = routing.access(self.config, Inbound(
+            kind="message", event_id="", team=me.team, channel=listed["id"],
+            channel_type="im", user=user, ts="0.0", thread_ts=None, text=""))
+        if decision != "refuse":
+            return decision == "allow"
+        key = routing.key_of(me.team, listed["id"], None)
+        return await self.port.conversation(key) is None
+
+    def _heard_in(self, channel: str) -> bool:
+        """Whether a mention in a channel can get an answer or a refusal (routing.access,
+        for anyone there)."""
+        c = self.config
+        if c.unlisted == "refuse":
+            return True
+        return ((c.allow_everyone or bool(c.allowed_users))
+                and (not c.allowed_channels or channel in c.allowed_channels))
+
+    async def _read(self, place: Place, oldest: float) -> list[dict]:
+        """The messages after `oldest` in a DM's or channel's top level, or a thread, oldest
+        first."""
+        channel, root = place.channel, place.root
         method = "conversations_replies" if root else "conversations_history"
         args: dict[str, Any] = {"channel": channel, "oldest": f"{oldest:.6f}", "limit": PAGE}
         if root:
@@ -251,23 +369,22 @@ class CatchUp:
             if not cursor:
                 break
         else:
-            log.warning("slack: %s%s has more than %d messages to catch up; the rest wait "
-                        "for the next pass", channel, f" (thread {root})" if root else "",
-                        PAGE * PAGES)
+            log.warning("slack: %s has more than %d messages to catch up; the rest wait "
+                        "for the next pass", place, PAGE * PAGES)
         return [found[ts] for ts in sorted(found, key=order)]
 
-    def _inbound(self, me: Identity, channel: str, root: str | None, m: dict,
-                 floor: float) -> Inbound | None:
-        if m["ts"] == root or float(m["ts"]) < floor:
+    def _inbound(self, me: Identity, place: Place, m: dict, floor: float) -> Inbound | None:
+        """The message as its `message` event would have it; None when it is nothing to
+        take (too old, a thread's first message, chatter at a channel's top level)."""
+        if m["ts"] == place.root or float(m["ts"]) < floor:
             return None  # a thread's first message is its DM's or channel's; too old
-        event = {**m, "type": "message", "channel": channel,
-                 "channel_type": channel_type({"channel": channel})}
+        event = {**m, "type": "message", "channel": place.channel, "channel_type": place.kind}
         try:
             ev = parse({"event": event, "team_id": me.team}, me)
         except Malformed as exc:
-            log.info("slack: passed over a message of %s while catching up: %s", channel, exc)
+            log.info("slack: passed over a message of %s while catching up: %s", place, exc)
             return None
-        if ev is None or ev.kind != "message":
+        if ev is None or ev.kind != "message" or (place.mentions_only and not ev.mention):
             return None
         return dataclasses.replace(ev, caught_up=True)
 
@@ -304,3 +421,11 @@ class CatchUp:
                 failing = True
                 continue
             failing = False
+
+
+def _capped(places: list[Place], what: str) -> list[Place]:
+    """The first `MAX_CONVERSATIONS` of the places listed (Slack's order)."""
+    if len(places) > MAX_CONVERSATIONS:
+        log.warning("slack: %d %s to catch up in, more than %d: the rest are not read",
+                    len(places), what, MAX_CONVERSATIONS)
+    return places[:MAX_CONVERSATIONS]

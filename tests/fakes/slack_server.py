@@ -3,7 +3,7 @@
     /api/<method>      the Web API (`url` is the `api_base_url`): auth.test,
                        apps.connections.open, chat.postMessage|update|delete,
                        conversations.history|replies|open, reactions.add|remove,
-                       users.info
+                       users.info, users.conversations
     /files/<id>/<name> a file's `url_private` (needs the bot token)
     /socket            the Socket Mode websocket: as Slack does, `push()` sends an envelope
                        to one of the open connections (round-robin over them), and an

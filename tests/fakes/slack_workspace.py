@@ -1,8 +1,12 @@
 """The state of the fake Slack workspace and its Web API methods: channels with their
 messages (threads included), files and people, and Steward's DM with each person
 (`conversations.open` with users=U... answers its D... id; a person's id given where a
-conversation is expected is channel_not_found). `FakeSlack` serves it over HTTP; this
-module is plain data and runs under the server's lock."""
+conversation is expected is channel_not_found), and the channels Steward was invited to
+(`join`). `users.conversations` lists, as Slack does for a bot token, its DMs (each one
+opened or holding a message, with the person's id as `user`) and the channels it is a
+member of, by `types`, in cursor pages; a read scope named in `missing_scopes` makes it
+answer missing_scope, as Slack does for an app installed without it. `FakeSlack` serves it
+over HTTP; this module is plain data and runs under the server's lock."""
 
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ class Workspace:
         self.files: dict[str, tuple[dict, bytes]] = {}
         self.users: dict[str, dict] = {}
         self.dms: dict[str, str] = {}  # user -> the id of Steward's DM with them
+        self.joined: dict[str, str] = {}  # channel -> its type: the channels Steward is in
+        self.missing_scopes: set[str] = set()  # read scopes the app was installed without
         self.ephemeral: list[dict] = []  # chat.postEphemeral: seen by one user, not kept
         self.port = 0
-        # The most messages conversations.history/replies give per page, whatever `limit`
-        # asks (Slack caps it too: 1000, and 15 for some apps); lower it to see cursors.
+        # The most messages conversations.history/replies (and the conversations
+        # users.conversations lists) give per page, whatever `limit` asks (Slack caps it too:
+        # 1000, and 15 for some apps); lower it to see cursors.
         self.page_cap = 1000
         self._tick = 0
         self._base = int(time.time()) - 100_000
@@ -106,6 +113,14 @@ class Workspace:
         with self._lock:
             return self.dms.setdefault(user, "D" + user[1:])
 
+    def join(self, channel: str, kind: str | None = None) -> None:
+        """Steward is invited to a channel: `kind` is its type as users.conversations asks
+        for it (public_channel, private_channel or mpim; by default from the id: C...
+        public, G... private)."""
+        with self._lock:
+            self.joined[channel] = kind or ("private_channel" if channel.startswith("G")
+                                            else "public_channel")
+
     def add_user(self, user: str, name: str, *, is_bot: bool = False,
                  tz: str | None = "UTC") -> None:
         """A person, with their profile's timezone as users.info gives it (`tz`, `tz_label`,
@@ -157,6 +172,33 @@ class Workspace:
         opened = users[0] in self.dms
         return {"ok": True, "no_op": opened, "already_open": opened,
                 "channel": {"id": self.dm_of(users[0])}}
+
+    def _m_users_conversations(self, p: dict) -> dict:
+        types = [t for t in str(p.get("types") or "public_channel").split(",") if t]
+        needed = sorted({_READ_SCOPES.get(t, "") for t in types} & self.missing_scopes)
+        if needed:
+            return {"ok": False, "error": "missing_scope", "needed": ",".join(needed),
+                    "provided": "chat:write,im:history"}
+        found = []
+        if "im" in types:
+            users = {dm: user for user, dm in self.dms.items()}
+            for dm in sorted({*self.dms.values(), *(c for c in self.messages
+                                                    if c.startswith("D"))}):
+                found.append({"id": dm, "created": self._base, "is_im": True,
+                              "is_org_shared": False, "user": users.get(dm, "U" + dm[1:]),
+                              "is_user_deleted": False, "priority": 0})
+        for channel, kind in sorted(self.joined.items()):
+            if kind in types:
+                found.append({"id": channel, "name": channel.lower(), "created": self._base,
+                              "is_channel": kind == "public_channel",
+                              "is_group": kind == "private_channel", "is_im": False,
+                              "is_mpim": kind == "mpim", "is_private": kind != "public_channel",
+                              "is_archived": False, "is_member": True})
+        start = int(p.get("cursor") or 0)
+        limit = min(int(p.get("limit") or 100), self.page_cap)
+        more = start + limit < len(found)
+        return {"ok": True, "channels": found[start:start + limit],
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""}}
 
     def _m_chat_postMessage(self, p: dict) -> dict:  # noqa: N802 - Slack's method name
         channel = p.get("channel", "")
@@ -271,6 +313,10 @@ class Workspace:
         if missing_ok:
             return None
         raise KeyError(f"no message {ts} in {channel}")
+
+
+_READ_SCOPES = {"im": "im:read", "mpim": "mpim:read", "public_channel": "channels:read",
+                "private_channel": "groups:read"}
 
 
 def is_user_id(value: str) -> bool:
