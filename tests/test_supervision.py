@@ -298,3 +298,38 @@ async def test_a_hot_path_connection_the_server_shut_down_under_a_statement_is_n
                 assert await conn.fetchval("SELECT 1") == 1
     finally:
         await store.close()
+
+
+async def test_a_suspect_is_put_off_for_other_work_once_not_in_every_life(tmp_path):
+    """A task that was running at three deaths runs alone, after the other ready work, for
+    up to `suspect_defer_seconds` from its first death (kept with the task), not from each
+    life's start: restarted every few seconds under a steady load, it would otherwise wait
+    for ever, die now and then in the rare lives it ran, and be taken for a poison."""
+    from sqlalchemy import update
+
+    from store.records import now
+    from store.schema import tasks
+
+    store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'steward.db'}")
+    slow = Slow(0.05)
+    try:
+        w = Writes()
+        suspect = w.spawn("slow", {"n": "suspect"})
+        others = [w.spawn("slow", {"n": n}) for n in range(400)]  # ready work, for a while
+        await store.commit(w)
+        await store._write(lambda conn: conn.execute(update(tasks).where(
+            tasks.c.id == suspect).values(crashes=3, crashed_since=now() - 60)))
+        # A new life of the process: its first death was a minute ago.
+        runner = Runner(store, Registry(slow), RunnerOptions(
+            concurrency=2, poll_seconds=0.05, suspect_crashes=3, suspect_defer_seconds=30))
+        serving = asyncio.create_task(runner.run())
+        for _ in range(400):
+            if suspect in slow.runs:
+                break
+            await asyncio.sleep(0.02)
+        left = sum(1 for i in others if i not in slow.runs)
+        assert suspect in slow.runs and left > 100, (suspect in slow.runs, left)
+        runner.stop()
+        await asyncio.wait_for(serving, 15)
+    finally:
+        await store.close()

@@ -122,7 +122,6 @@ class Runner:
         self._intent_kinds = registry.intents_at_claim()
         self._reconciling_kinds = registry.intents_at_claim(reconciling=True)
         self._solo: str | None = None  # a suspect of killing the process, run alone
-        self._deferred: dict[str, float] = {}  # suspects put off for other work, since
         self._wake = asyncio.Event()
         self._stopping = False
         self._stranded: set[str] = set()  # leased here, their commit lost to an outage
@@ -278,10 +277,10 @@ class Runner:
         if not suspects:
             return claimed
         others = [t for t in claimed if t.crashes < o.suspect_crashes]
-        if len(self._deferred) > 1000:  # put off, then finished elsewhere: forget them
-            self._deferred.clear()
-        first_seen = self._deferred.setdefault(suspects[0].id, time.monotonic())
-        if others and time.monotonic() - first_seen < o.suspect_defer_seconds:
+        # From its first death (kept with the task), not from this life's start: restarted
+        # every few seconds under load, it would be put off in every life.
+        first_death = suspects[0].crashed_since or time.time()
+        if others and time.time() - first_death < o.suspect_defer_seconds:
             await self.store.release_tasks(self.owner, [t.id for t in suspects],
                                            run_after=time.time() + o.poll_seconds,
                                            claim=claim)
@@ -289,7 +288,6 @@ class Runner:
         solo = suspects[0]
         await self.store.release_tasks(self.owner, [t.id for t in claimed if t is not solo],
                                        claim=claim)
-        self._deferred.pop(solo.id, None)
         log.warning("task %s (%s) was running when %d lives of this process died; running "
                     "it alone", solo.id, solo.kind, solo.crashes)
         self._solo = solo.id
