@@ -169,11 +169,12 @@ async def test_postgres_going_away_is_waited_out(pg, caplog):
         with pytest.raises(Exception) as refused:
             await store.get_task("nothing")
         assert is_unavailable(refused.value), refused.value
+        # (Met while the server shuts down, it may be "back" for a moment, then away again.)
         for _ in range(300):
-            if runner.waiting_for_store:
+            if runner.health.outages:
                 break
             await asyncio.sleep(0.02)
-        assert runner.waiting_for_store and not serving.done()
+        assert runner.health.outages >= 1 and not serving.done()
         await asyncio.sleep(1.0)
         await pg.start()
         w = Writes()
@@ -192,7 +193,7 @@ async def test_postgres_going_away_is_waited_out(pg, caplog):
             await asyncio.sleep(0.02)
         assert len(done) == 3 and not serving.done()
         said = [r.getMessage() for r in caplog.records]
-        assert sum("runner: the store is unavailable" in m for m in said) == 1, said
+        assert 1 <= sum("runner: the store is unavailable" in m for m in said) <= 2, said
         runner.stop()
         await asyncio.wait_for(serving, 10)
     finally:

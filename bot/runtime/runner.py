@@ -162,8 +162,13 @@ class Runner:
         """Run until `stop()` (or, with `until_idle`, until no task is ready or running and
         none is due within `horizon` seconds: a few polls unless given)."""
         # Alive for the other workers before anything is claimed (recover() did it if it
-        # ran): a runner without its liveness lock would look dead to them.
-        await self.store.announce_worker(self.owner)
+        # ran): a runner without its liveness lock would look dead to them. The store away
+        # now, the lease renewer takes the lock when it is back.
+        try:
+            await self.store.announce_worker(self.owner)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
         renewer = asyncio.create_task(self._renew_leases())
         try:
             while not self._stopping:
