@@ -48,7 +48,7 @@ class Gate(Effect):
         self.calls += 1
         self.started.set()
         await self.opened.wait()
-        return {"blob": "x" * 20_000}
+        return {"blob": "x" * 200_000}
 
 
 class Writer(TaskDef):
@@ -79,11 +79,11 @@ async def test_a_full_disk_is_waited_out_and_the_task_finishes_once(tmp_path, ca
         await _disk_full(store, True)
         gate.opened.set()  # its result commit meets the full disk
         w = Writes()
-        w.spawn("writer", {"n": 3})
+        w.spawn("writer", {"n": 1, "pad": "z" * 200_000})  # needs new pages, whatever is free
         with pytest.raises(sqlite3.OperationalError, match="full") as refused:
             await store.commit(w)
         assert is_unavailable(refused.value)
-        for _ in range(200):  # the runner notices (its task's commit or its own claim)
+        for _ in range(1500):  # the runner notices (its task's commit or its own claim)
             if runner.waiting_for_store:
                 break
             await asyncio.sleep(0.02)
@@ -93,21 +93,23 @@ async def test_a_full_disk_is_waited_out_and_the_task_finishes_once(tmp_path, ca
         w = Writes()
         w.spawn("writer", {"n": 3})
         await store.commit(w)
-        for _ in range(500):
+        for _ in range(3000):  # a busy box: generous
             state, result, _ = await store.task_outcome(task_id)
             done = [t for t in await store.list_tasks(kind="writer") if t.state == DONE]
             if state == DONE and len(done) == 3:
                 break
             await asyncio.sleep(0.02)
-        assert state == DONE and result == {"blob": "x" * 20_000}
+        assert state == DONE and result == {"blob": "x" * 200_000}
         assert len(done) == 3
         assert gate.calls == 1  # its outcome waited for the store: the effect ran once
         task = await store.get_task(task_id)
         assert task.crashes == 0 and task.attempts == 0
         assert not serving.done()
         said = [r.getMessage() for r in caplog.records]
-        assert sum("the store is unavailable" in m for m in said) == 1, said
-        assert sum("the store is back" in m for m in said) == 1, said
+        # Once each way for each loop that met it (the commits; the claims, maybe).
+        assert 1 <= sum("the store is unavailable" in m for m in said) <= 2, said
+        assert sum("the store is back" in m for m in said) == sum(
+            "the store is unavailable" in m for m in said), said
         assert not any(r.exc_info for r in caplog.records if r.name.startswith("bot.")), said
         assert runner.commits.outages == 1
         runner.stop()
