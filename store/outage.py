@@ -34,6 +34,26 @@ _STORE_MODULES = ("store", "asyncpg", "sqlalchemy", "aiosqlite", "sqlite3")
 
 def is_unavailable(exc: BaseException) -> bool:
     """True if `exc` (or what caused it) says the store cannot be reached or written now."""
+    for e in _chain(exc):
+        says = _says_unavailable(e)
+        if says is True or (says is None and _raised_in_store(e)):
+            return True
+    return False
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The store's outage, and certainly nothing of the write landed: the database itself
+    refused it (SQLite, whose one writer rolled it back; PostgreSQL out of disk or memory,
+    SQLSTATE class 53). A write whose connection broke may have committed all the same."""
+    return is_unavailable(exc) and any(
+        isinstance(getattr(e, "sqlite_errorcode", None), int)
+        or str(getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)).startswith("53")
+        for e in _chain(exc))
+
+
+def _chain(exc: BaseException):
+    """`exc` and what caused it (`__cause__`, `__context__`, SQLAlchemy's `.orig`), each
+    once, at most `_DEPTH` of them."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo and len(seen) < _DEPTH:
@@ -41,12 +61,9 @@ def is_unavailable(exc: BaseException) -> bool:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        says = _says_unavailable(e)
-        if says is True or (says is None and _raised_in_store(e)):
-            return True
+        yield e
         todo.extend(x for x in (getattr(e, "orig", None), e.__cause__, e.__context__)
                     if isinstance(x, BaseException))
-    return False
 
 
 def _raised_in_store(e: BaseException) -> bool:
@@ -82,26 +99,4 @@ def _says_unavailable(e: BaseException) -> bool | None:
         return True
     return name in ("ConnectionDoesNotExistError", "ConnectionFailureError",
                     "AdminShutdownError", "CrashShutdownError", "CannotConnectNowError")
-
-
-def is_refused(exc: BaseException) -> bool:
-    """The store's outage, and certainly nothing of the write landed: the database itself
-    refused it (SQLite, whose one writer rolled it back; PostgreSQL out of disk or memory,
-    SQLSTATE class 53). A write whose connection broke may have committed all the same."""
-    if not is_unavailable(exc):
-        return False
-    e: BaseException | None = exc
-    for _ in range(_DEPTH):
-        if e is None:
-            break
-        if isinstance(getattr(e, "sqlite_errorcode", None), int):
-            return True
-        if type(e).__name__ in ("OperationalError", "DatabaseError") and any(
-                w in str(e).lower() for w in _SQLITE_WORDS) and "sqlite" in type(e).__module__:
-            return True
-        sqlstate = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
-        if isinstance(sqlstate, str) and sqlstate.startswith("53"):
-            return True
-        e = getattr(e, "orig", None) or e.__cause__
-    return False
 
