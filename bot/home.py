@@ -70,3 +70,21 @@ def make_private(home: Path) -> None:
 def _tighten(path: Path, mode: int) -> None:
     if mode & PRIVATE:
         os.chmod(path, stat.S_IMODE(mode) & ~PRIVATE)
+
+
+def write_private(path: Path, text: str, *, sync: bool = False) -> None:
+    """Replace `path` with `text` at once (a scratch file renamed over it), 0600; `sync`:
+    on disk before the rename. A failure leaves `path` as it was and no scratch behind."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            if sync:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bot.config_source import Found, secret, store_url
+from bot.home import write_private
 
 NAME = "config.validated.json"
 _FORMAT = 1
@@ -85,11 +86,7 @@ def remember(config, found: Found) -> None:
     try:
         if not found.home.is_dir() or (target.is_file() and target.read_text() == text):
             return
-        scratch = target.with_name(f".{NAME}.{os.getpid()}")
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(scratch, target)
+        write_private(target, text)
     except OSError:
         pass  # a read-only or full home: the next reading command validates in full
 

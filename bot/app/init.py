@@ -16,6 +16,7 @@ from pathlib import Path
 from bot.app import configfile, presets, slack_manifest
 from bot.app.errors import UsageError
 from bot.app.toml_text import Table, render
+from bot.home import write_private
 
 
 class Prompter:
@@ -284,13 +285,7 @@ def _check(text: str, target: Path, args, env) -> None:
 
 def _write(target: Path, text: str) -> None:
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(scratch, target)
+    write_private(target, text, sync=True)
 
 
 def _report(target: Path, secrets: list[str], env) -> None:

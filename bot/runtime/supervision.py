@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bot.home import write_private
 from store import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class Health:
         assert self.path is not None
         while True:
             try:
-                await asyncio.to_thread(write_atomically, self.path, self.snapshot())
+                await asyncio.to_thread(write_private, self.path, json.dumps(self.snapshot()))
             except OSError as exc:
                 log.debug("health: not written: %s", exc)
             await asyncio.sleep(every)
@@ -140,19 +141,6 @@ class Health:
         if self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.unlink()
-
-
-def write_atomically(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def read_health(home: Path) -> dict | None:
