@@ -33,6 +33,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from bot.config_source import (  # noqa: F401 (re-exported: the loader's public names)
@@ -241,22 +242,43 @@ class EmbeddingsConfig(Section):
         return value
 
 
-class LimitsConfig(Section):
-    """Spending caps from the ledger's cost (bot/agent/budget.py); 0 means no cap."""
+# What bounds spend out of the box, high enough that people talking to Steward do not meet
+# them. A lively day is ~100 model calls; with a 20k-token context on a $3/$15-per-million-
+# token model that is $0.03-0.07 a call (less with the prompt cached), $3-7 a day: ten
+# dollars is room for that and caps a runaway at ten a day (the ledger's cost: [llm]
+# prices, or what the provider reports). 120 calls an hour is two a minute for a whole
+# hour: a message a minute whose answer takes a tool round, or seven turns an hour that
+# each use all 16 tool rounds; a flood of threads from one sender is held to it.
+DEFAULT_DAILY_USD = 10.0
+DEFAULT_CALLS_PER_HOUR = 120
 
-    daily_limit: float = Field(0.0, ge=0)  # everyone together, per day
+
+class LimitsConfig(Section):
+    """Spending caps from the ledger's cost and a per-person rate of model calls
+    (bot/agent/budget.py); 0 means no cap, no rate."""
+
+    # everyone together, per day; unset: DEFAULT_DAILY_USD in `currency` (times per_usd)
+    daily_limit: float | None = Field(None, ge=0)
     monthly_limit: float = Field(0.0, ge=0)
     person_daily_limit: float = Field(0.0, ge=0)  # each person (a conversation's owner)
     person_monthly_limit: float = Field(0.0, ge=0)
+    # model calls each person's conversations may make in a clock hour (schedules' too)
+    person_calls_per_hour: int = Field(DEFAULT_CALLS_PER_HOUR, ge=0, le=10_000)
     warn_at: float = Field(0.8, gt=0, le=1)  # past this share of a cap, say so once
     currency: str = Field("USD", min_length=1, max_length=8)
     per_usd: float = Field(1.0, gt=0)  # the currency's units per US dollar
 
+    @model_validator(mode="after")
+    def _default_daily(self) -> LimitsConfig:
+        if self.daily_limit is None:
+            self.daily_limit = DEFAULT_DAILY_USD * self.per_usd
+        return self
+
     @property
     def limited(self) -> bool:
-        return any(limit > 0 for limit in (self.daily_limit, self.monthly_limit,
-                                           self.person_daily_limit,
-                                           self.person_monthly_limit))
+        return self.person_calls_per_hour > 0 or any(
+            limit > 0 for limit in (self.daily_limit or 0.0, self.monthly_limit,
+                                    self.person_daily_limit, self.person_monthly_limit))
 
 
 class AttachmentsConfig(Section):

@@ -66,7 +66,7 @@ async def test_a_persons_cap_stops_only_that_person(store, make_rig):
 
 async def test_no_caps_no_checks(store, make_rig):
     model = costly()
-    rig = make_rig(model)
+    rig = make_rig(model, config={"limits": {"daily_limit": 0.0, "person_calls_per_hour": 0}})
     for n in range(3):
         await rig.say(f"q {n}", owner="ana")
         await rig.run()
@@ -120,7 +120,8 @@ async def test_steward_usage_shows_spend_by_person_model_and_day(tmp_path):
 
     config = tmp_path / "config.toml"
     config.write_text('[llm]\nprovider = "scripted"\ninput_price_per_mtok = 1000000.0\n'
-                      '[limits]\ncurrency = "EUR"\nper_usd = 2.0\n')
+                      '[limits]\ncurrency = "EUR"\nper_usd = 2.0\n'
+                      'daily_limit = 0.0\n')  # a dollar a token: past the default cap
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEWARD_", "OPENAI_",
                                                                     "ANTHROPIC_"))}
     env.update(STEWARD_HOME=str(tmp_path / "home"), STEWARD_CONFIG=str(config))

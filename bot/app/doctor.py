@@ -58,6 +58,7 @@ async def run(args, env=os.environ) -> int:
         rows.append(await _timed("secrets", checks.secrets, ctx, ctx.timeout))
         rows.append(await _timed("permissions", checks.permissions, ctx, ctx.timeout))
         rows.append(await _timed("service", checks.running, ctx, ctx.timeout))
+        rows.append(await _timed("limits", checks.limits, ctx, ctx.timeout))
         rows += await asyncio.gather(
             _timed("database", checks.database, ctx, DATABASE_SECONDS),
             _timed("model", checks.model, ctx, ctx.timeout),

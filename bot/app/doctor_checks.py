@@ -424,6 +424,31 @@ async def smtp(ctx):
             client.close()
 
 
+# -- what bounds spend ------------------------------------------------------------------
+
+
+async def limits(ctx):
+    """`[limits]`: the spending caps and the per-person rate (bot/agent/budget.py)."""
+    if skipped := _no_config(ctx):
+        return skipped
+    from bot.agent.budget import summary
+
+    config = ctx.config
+    caps = config.limits
+    if not caps.limited:
+        return (WARN, "no spending cap and no hourly rate: nothing bounds model calls",
+                "set [limits] daily_limit and person_calls_per_hour (0 is off; "
+                "config.example.toml has the defaults)")
+    llm = config.llm
+    unpriced = llm.provider != "scripted" and not (llm.input_price_per_mtok
+                                                   or llm.output_price_per_mtok)
+    money = any((caps.daily_limit, caps.monthly_limit, caps.person_daily_limit,
+                 caps.person_monthly_limit))
+    note = "; [llm] sets no prices: the caps count only a cost the provider reports" \
+        if money and unpriced else ""
+    return OK, summary(caps) + note, ""
+
+
 # -- the clock ---------------------------------------------------------------------------
 
 

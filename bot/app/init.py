@@ -75,16 +75,17 @@ def run(args, env=os.environ) -> int:
     tables += _model(args, ask, env, secrets)
     tables += _slack(args, ask, secrets)
     tables += _email(args, ask, secrets)
+    tables += _limits()
     text = render(tables, header=[
         "Steward's config (written by `steward init`). Secrets are not in this file: it",
         "names the environment variables that hold them. See config.example.toml for every",
         "key, and `steward doctor` to check that everything works."])
-    _check(text, target, args, env)
+    config = _check(text, target, args, env)
     if args.print_only:
         print(text, end="")
         return 0
     _write(target, text)
-    _report(target, secrets, env)
+    _report(target, secrets, env, config.limits)
     return 0
 
 
@@ -275,12 +276,26 @@ def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
     return [email]
 
 
+# -- limits ----------------------------------------------------------------------------
+
+
+def _limits() -> list[Table]:
+    """The defaults that bound spend, written out so that the owner sees and can change
+    them (bot/config.py says why these numbers)."""
+    from bot.config import DEFAULT_CALLS_PER_HOUR, DEFAULT_DAILY_USD
+
+    limits = Table("limits", "what the model may cost, 0 = off: everyone together a day "
+                   "(the ledger's cost), model calls an hour per person")
+    limits.update(daily_limit=DEFAULT_DAILY_USD, person_calls_per_hour=DEFAULT_CALLS_PER_HOUR)
+    return [limits]
+
+
 # -- checking and writing --------------------------------------------------------------
 
 
-def _check(text: str, target: Path, args, env) -> None:
+def _check(text: str, target: Path, args, env):
     """Load `text` as Steward will; a problem here is a bug in init or a bad flag."""
-    configfile.check_text(text, target, args.home, env)
+    return configfile.check_text(text, target, args.home, env)
 
 
 def _write(target: Path, text: str) -> None:
@@ -288,8 +303,11 @@ def _write(target: Path, text: str) -> None:
     write_private(target, text, sync=True)
 
 
-def _report(target: Path, secrets: list[str], env) -> None:
+def _report(target: Path, secrets: list[str], env, limits) -> None:
+    from bot.agent import budget
+
     print(f"\nwrote {target}")
+    print(f"limits: {budget.summary(limits)} ([limits] in it; 0 is off)")
     names = list(dict.fromkeys(secrets))
     unset = [n for n in names if not env.get(n)]
     if names:
