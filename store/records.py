@@ -155,6 +155,7 @@ class Schedule:
     fired: int
     created_at: float
     updated_at: float
+    origin: str | None = None  # why its words are outside text (bot/provenance.py)
 
 
 def schedule_from_row(row) -> Schedule:
@@ -168,7 +169,7 @@ def schedule_from_row(row) -> Schedule:
         prompt=m["prompt"], trigger=dec("trigger"), timezone=m["timezone"],
         deliver=dec("deliver"), catchup=m["catchup"], state=m["state"],
         next_fire_at=m["next_fire_at"], last_fire_at=m["last_fire_at"], fired=m["fired"],
-        created_at=m["created_at"], updated_at=m["updated_at"])
+        created_at=m["created_at"], updated_at=m["updated_at"], origin=m["origin"])
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ async def apply(conn, dialect: str, change, t: float, already_done: type[Excepti
                   timezone=change.timezone, deliver=dumps(change.deliver),
                   catchup=change.catchup, state=change.state,
                   next_fire_at=change.next_fire_at, conversation_id=change.conversation_id,
-                  owner=change.owner, updated_at=t)
+                  owner=change.owner, origin=change.origin, updated_at=t)
     res = await conn.execute(update(schedules).where(schedules.c.id == change.id)
                              .values(**values))
     if res.rowcount == 0:

@@ -258,5 +258,6 @@ schedules = Table(
     Column("fired", Integer, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("origin", SafeText),  # why its words are outside text (migration 0016); NULL: own
     Index("ix_schedules_state_next", "state", "next_fire_at"),
 )

@@ -125,6 +125,7 @@ class ScheduleWrite:
     owner: str | None = None
     catchup: str = "latest"
     state: str = "active"
+    origin: str | None = None  # why its words are outside text; None: the person's own
 
 
 @dataclass

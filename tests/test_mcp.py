@@ -90,7 +90,7 @@ async def test_the_model_sees_two_tools_and_the_index(store, ledger):
         assert len(json.dumps([s.model_dump() for s in box.specs()])) < 12_000
         listed = await box.get("mcp_tools").run(context(store), {"server": "test"})
         tools = json.loads(listed.content)
-        assert len(tools) == 206 and not listed.is_error
+        assert len(tools) == 207 and not listed.is_error
         add = next(t for t in tools if t["name"] == "add")
         assert add["arguments"]["required"] == ["a", "b"] and add["replay"] == "unsafe"
         assert "title" not in json.dumps(add["arguments"])
@@ -120,13 +120,18 @@ def test_each_mcp_tool_keeps_its_own_replay_policy():
     assert READS_OUTSIDE in call.touches  # what a server returns is data from outside
 
 
-async def test_unsafe_mcp_tools_ask_first_after_outside_text():
-    call = tools_of(hub(stdio(tools={"add": "safe"})))["mcp_call"]
+async def test_mcp_tools_ask_first_after_outside_text_unless_trusted():
+    """Replay is not trust: a `safe` tool asks after outside text like an unsafe one; only
+    a tool the owner lists in `trusted` runs unasked."""
+    call = tools_of(hub(stdio(tools={"add": "safe"}, trusted=["record"])))["mcp_call"]
     read = Asking(Recipients(), read_outside="http_get")
-    asked = await call.approval(read, {"server": "test", "tool": "record",
-                                       "arguments": {"text": "x"}})
+    asked = await call.approval(read, {"server": "test", "tool": "add",
+                                       "arguments": {"a": 1, "b": 2}})
     assert asked and "after reading text from outside" in asked
-    assert await call.approval(read, {"server": "test", "tool": "add"}) is None
+    assert await call.approval(read, {"server": "test", "tool": "record"}) is None
+    everything = tools_of(hub(stdio(trusted=["*"])))["mcp_call"]
+    assert await everything.approval(read, {"server": "test", "tool": "add"}) is None
+    assert await call.approval(Asking(Recipients()), {"server": "test", "tool": "add"}) is None
     assert await call.approval(Asking(Recipients()), {"server": "test",
                                                       "tool": "record"}) is None
 

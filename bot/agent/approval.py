@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from bot.agent.tool_result import tool_outcome
+from bot.provenance import MARK
 from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
 from store import PENDING, NotFound, Store, Writes
 
@@ -95,13 +96,19 @@ class Approval(TaskDef):
         if not payload.get("approved"):
             return Done({"content": "error: not run: the person refused it",
                          "is_error": True, "approval": "denied"})
-        tool_task = ctx.spawn("tool_call", {"call": i["call"], "approved": True},
+        # The call keeps the mark of the turn that asked for it (bot/provenance.py): what it
+        # stores is still made from outside text, whoever approved it.
+        mark = {MARK: i[MARK]} if i.get(MARK) else {}
+        tool_task = ctx.spawn("tool_call", {"call": i["call"], "approved": True, **mark},
                               idem_key=i["idem_key"])
         return Wait("ran", {**ctx.checkpoint, "tool_task": tool_task})
 
     async def _ran(self, ctx: TaskContext):
-        content, is_error = tool_outcome(await self.store.get_task(ctx.checkpoint["tool_task"]))
-        return Done({"content": content, "is_error": is_error, "approval": "approved"})
+        task = await self.store.get_task(ctx.checkpoint["tool_task"])
+        content, is_error = tool_outcome(task)
+        shown = (task.result or {}).get(MARK) if isinstance(task.result, dict) else None
+        return Done({"content": content, "is_error": is_error, "approval": "approved",
+                     **({MARK: shown} if shown else {})})
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ new head (see that module for the rules)."""
 from bot.agent.deps import AgentDeps
 from bot.agent.pinned import pin
 from bot.llm.types import Message, Request
-from bot.memory.compaction import KIND, choose_cut, transcript_between
+from bot.memory.compaction import KIND, choose_cut, outside_between, transcript_between
 from bot.memory.transcript import head_of, tokens_per_char
+from bot.provenance import MARK, outside_of
 from bot.runtime import Done, Fail, TaskContext, TaskDef, Wait
 from store import DONE
 
@@ -53,7 +54,11 @@ class Compact(TaskDef):
                                           content=SUMMARY_PROMPT.format(words=words)),
                                   Message(role="user", content=user)])
             call = ctx.spawn("llm_call", {**pin(request), "quiet": True})
-            return Wait("summarized", {"cut": upto, "after": after, "call": call})
+            # A summary of outside text is outside text (bot/provenance.py): it keeps the mark
+            # of the previous summary or of what it covers.
+            outside = outside_of(previous) or await outside_between(store, conv_id, after, upto)
+            return Wait("summarized", {"cut": upto, "after": after, "call": call,
+                                       **({MARK: outside} if outside else {})})
         cp = ctx.checkpoint
         state, result, error = await store.task_outcome(cp["call"])
         result = result or {}
@@ -62,6 +67,7 @@ class Compact(TaskDef):
         summary = result["response"]["text"].strip()
         if not summary:
             return Fail("the model returned an empty summary")
+        mark = {MARK: cp[MARK]} if cp.get(MARK) else {}
         ctx.writes.append(conv_id, "compaction", summary, task_id=ctx.task.id, head=True,
-                          data={"cut_seq": cp["cut"], "previous_cut": cp["after"]})
+                          data={"cut_seq": cp["cut"], "previous_cut": cp["after"], **mark})
         return Done({"cut": cp["cut"]})

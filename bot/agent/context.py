@@ -33,6 +33,7 @@ from bot.memory.transcript import (  # noqa: F401 (WITHDRAWS, CHARS_PER_TOKEN: r
     tokens_per_char,
     withdrawn_by,
 )
+from bot.provenance import first, of_entry, outside_of
 from bot.tools.base import known_timezone
 from store import Conversation, Entry, NewEntry, Store
 
@@ -399,6 +400,8 @@ class Assembled:
     request: Request
     estimated_tokens: int
     window: Window = field(repr=False)
+    # Why the request holds text that is not the person's own (bot/provenance.py), or None.
+    outside: str | None = None
 
 
 def request_chars(request: Request) -> int:
@@ -450,7 +453,9 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     `recall(conversation, text, in_window)` may return memories found outside the window
     for the newest message; they go last but one. `pending`: entries of this conversation
     not committed yet, that the request is committed with (a turn's tool results): the
-    request holds them as if they had landed."""
+    request holds them as if they had landed. The result says whether any of it is
+    outside text (`Assembled.outside`): the facts, the summary, an entry, a recalled one
+    (each carries its mark: bot/provenance.py)."""
     if isinstance(facts, str):
         conversation, ratio = await asyncio.gather(
             store.get_conversation_by_id(conversation_id),
@@ -484,6 +489,8 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
         entries = [e for e in entries if e.seq in kept]
         images = {seq: shown for seq, shown in images.items() if seq in kept}
     messages = to_messages(entries, images, config)
+    outside = first([outside_of(facts), outside_of(window.summary),
+                     *(of_entry(e) for e in entries)])
     # A window cut mid-exchange starts at the next user message (some providers insist).
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
     messages = messages[first_user:]
@@ -494,12 +501,13 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
                              {e.id for e in window.entries})
         if found:
             # Old messages are what people said, not what Steward may do: data, like a page.
+            outside = outside or outside_of(found)
             messages.insert(last_user, Message(role="system", content=(
                 "Possibly relevant, from earlier history (search_history has more):\n"
                 + UNTRUSTED + found)))
     request = Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
                       messages=[Message(role="system", content=prompt), *messages])
-    return Assembled(request, int(request_chars(request) * ratio) + 1, window)
+    return Assembled(request, int(request_chars(request) * ratio) + 1, window, outside)
 
 
 async def assemble(store: Store, config: Config, conversation_id: int, *,

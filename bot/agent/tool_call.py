@@ -4,6 +4,7 @@ answered with an error, which is safe to repeat)."""
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import TIMEZONE
 from bot.llm.types import ToolCall
+from bot.provenance import MARK
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
 from bot.tools import ToolContext, ToolResult, known_timezone
@@ -53,7 +54,8 @@ class ToolCallTask(Effect):
                            save_partial=save_partial, origin=origin,
                            recipients=recipients(self.deps),
                            approved=bool(ctx.inputs.get("approved")),
-                           netguard=self._netguard, channels=self.deps.channels)
+                           netguard=self._netguard, channels=self.deps.channels,
+                           outside=ctx.inputs.get(MARK))
 
     async def _zone_of(self, turn: Task) -> str | None:
         """The zone of the person the turn answers: stored with their message (a Slack

@@ -27,14 +27,9 @@ from bot.agent.pinned import pin
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
+from bot.provenance import MARK, first, of_entry, own_words
 from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
-from bot.tools.permissions import (
-    READS_OUTSIDE,
-    Asking,
-    approval_needed,
-    outside_in,
-    recipients,
-)
+from bot.tools.permissions import READS_OUTSIDE, Asking, approval_needed, recipients
 from store import DONE
 
 # Seconds a queued turn sleeps at most. Only a safety net: the older turn's last commit wakes
@@ -108,7 +103,10 @@ class Turn(TaskDef):
                                           "channel": ctx.inputs.get("channel", "cli"),
                                           "reply_to": ctx.inputs.get("reply_to", {})})
         deps.pinned.put(llm_task, assembled.request)
-        return Wait("after_llm", {**cp, "llm_task": llm_task})
+        # Outside text in the request (bot/provenance.py) stays with the turn from now on.
+        outside = cp.get("read_outside") or assembled.outside
+        return Wait("after_llm", {**cp, "llm_task": llm_task,
+                                  **({"read_outside": outside} if outside else {})})
 
     async def _spending_caps(self, ctx: TaskContext):
         """At a spending cap: the notice, instead of calling the model. Near one: a note
@@ -143,25 +141,29 @@ class Turn(TaskDef):
         if not response.tool_calls:
             return self._answer(ctx, response.text)
         calls = [c.model_dump(mode="json") for c in response.tool_calls]
+        mark = {MARK: cp["read_outside"]} if cp.get("read_outside") else {}
         ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
-                          data={"tool_calls": calls, "answers_upto": cp["upto"]})
+                          data={"tool_calls": calls, "answers_upto": cp["upto"], **mark})
         # Each call's idempotency key (for `keyed` tools) is derived from the turn, the
         # round and the call's place in it: the same on every re-run, unique in the turn
         # even when a model repeats call ids across rounds. A call that needs the person's
         # yes first waits for it as an approval (which then spawns it, with the same key).
         asking = await self._asking(ctx)
+        mark = {MARK: asking.read_outside} if asking.read_outside else {}  # what they store
         tool_tasks = []
         for n, c in enumerate(response.tool_calls):
             key = f"{ctx.task.id}.{cp['round']}.{n}"
             summary = await self._approval(c, asking)
             if summary is None:
-                tool_tasks.append(ctx.spawn("tool_call", {"call": calls[n]}, idem_key=key))
+                tool_tasks.append(ctx.spawn("tool_call", {"call": calls[n], **mark},
+                                            idem_key=key))
                 continue
             tool_tasks.append(ctx.spawn(APPROVAL, {
                 "call": calls[n], "idem_key": key, "summary": summary,
                 "channel": ctx.inputs.get("channel", "cli"),
                 "reply_to": ctx.inputs.get("reply_to", {}), "who": asking.who,
-                "expires_at": time.time() + 60 * self.deps.config.agent.approval_expiry_minutes}))
+                "expires_at": time.time() + 60 * self.deps.config.agent.approval_expiry_minutes,
+                **mark}))
         return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
 
     async def _asking(self, ctx: TaskContext) -> Asking:
@@ -171,11 +173,11 @@ class Turn(TaskDef):
         # turns stored before it was an input fall back to the conversation's owner.
         who = ctx.inputs.get(ASKER) or conversation.owner
         said = await self._answered(ctx)
-        outside = next((o for e in said if (o := outside_in(e.text, e.data))), None)
         return Asking(recipients(self.deps),
                       asker=who if ctx.inputs.get("channel") == "email" else None,
-                      read_outside=ctx.checkpoint.get("read_outside") or outside,
-                      who=who or "local", own_words="\n".join(e.text for e in said))
+                      read_outside=ctx.checkpoint.get("read_outside")
+                      or first(of_entry(e) for e in said),
+                      who=who or "local", own_words=own_words(said))
 
     async def _answered(self, ctx: TaskContext) -> list:
         """The messages this turn answers: its own and the follow-ups it took in, up to
@@ -198,6 +200,7 @@ class Turn(TaskDef):
 
     async def _phase_after_tools(self, ctx: TaskContext):
         cp = {k: v for k, v in ctx.checkpoint.items() if k != "tool_tasks"}
+        turn_mark = cp.get("read_outside")  # what this turn's own calls were made from
         for task_id in ctx.checkpoint["tool_tasks"]:
             task = await self.store.get_task(task_id)
             call = ToolCall.model_validate(task.inputs["call"])
@@ -208,6 +211,10 @@ class Turn(TaskDef):
             if outside:  # shown to the model as data (context.UNTRUSTED), and remembered:
                 data["untrusted"] = True  # sending or scheduling now needs approval
                 cp.setdefault("read_outside", call.name)
+            shown = (task.result or {}).get(MARK) if isinstance(task.result, dict) else None
+            if why := (call.name if outside else None) or shown or turn_mark:
+                data[MARK] = why  # what stored outside text it shows, or was made from
+                cp.setdefault("read_outside", why)
             ctx.writes.append(ctx.task.conversation_id, "tool_result", content, data=data,
                               task_id=ctx.task.id)
         # Straight on to the next LLM call, in the commit that records the results: the
@@ -235,8 +242,10 @@ class Turn(TaskDef):
         conv_id = ctx.task.conversation_id
         if cp.get("note"):  # near a spending cap: said once, with this answer
             text = f"{text}\n\n{cp['note']}"
+        mark = {MARK: cp["read_outside"]} if cp.get("read_outside") else {}
         ctx.writes.append(conv_id, "assistant", text, task_id=ctx.task.id,
-                          data={"final": True, "answers_upto": cp["upto"], "error": error})
+                          data={"final": True, "answers_upto": cp["upto"], "error": error,
+                                **mark})
         delivery = ctx.writes.deliver(
             "deliver", {"channel": ctx.inputs.get("channel", "cli"), "text": text,
                         "reply_to": ctx.inputs.get("reply_to", {})},

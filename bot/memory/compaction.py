@@ -18,6 +18,7 @@ left out of the context.
 import time
 
 from bot.memory.transcript import PAGE, SPOKEN, entry_chars, withdrawn_by
+from bot.provenance import of_entry
 from store import FAILED, Entry, Store
 
 KIND = "compact"
@@ -226,6 +227,23 @@ def _line(entry: Entry) -> str:
     calls = "".join(f" [calls {c['name']}({c['arguments']})]"
                     for c in (entry.data or {}).get("tool_calls", []))
     return f"{who}: {entry.text[:4000]}{calls}"
+
+
+async def outside_between(store: Store, conversation_id: int, after: int,
+                          upto: int) -> str | None:
+    """Why the entries in (after, upto] hold outside text (bot/provenance.py), or None: a
+    summary of them keeps that mark."""
+    while after < upto:
+        page = await store.entries_page(conversation_id, after=after, limit=PAGE)
+        for entry in page:
+            if entry.seq > upto:
+                return None
+            if entry.kind in SPOKEN and (why := of_entry(entry)):
+                return why
+        if len(page) < PAGE:
+            return None
+        after = page[-1].seq
+    return None
 
 
 async def compaction_due(store: Store, conversation_id: int) -> bool:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, tzinfo
 
 from bot.memory import embeddings as _embeddings
 from bot.memory.search import excerpt, remember
+from bot.provenance import Marked, of_entry
 from store import Conversation, Entry, Store
 from store.search import parse_query, query_terms
 
@@ -93,7 +94,8 @@ class _Timeline:
 async def recall(store: Store, conversation: Conversation, text: str, *,
                  in_window: set[int], zone: tzinfo = UTC, at: float | None = None) -> str:
     """The memories for `text`, one line each: "- date speaker: excerpt" (the date in
-    `zone`, the asker's; a time phrase of the message is read there as of `at`)."""
+    `zone`, the asker's; a time phrase of the message is read there as of `at`), marked
+    (`Marked`) when any of them is outside text (a forwarded mail, a page's words)."""
     if not conversation.head_seq and conversation.parent_id is None:
         # Nothing has left this conversation's window yet; other conversations of the
         # scope are only looked at once it has history of its own to lose.
@@ -114,7 +116,7 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
                 kept.append(hit)
         if len(kept) >= MAX_HITS or len(hits) < PAGE:
             break
-    lines, used = [], 0
+    lines, used, outside = [], 0, None
     for hit in kept[:MAX_HITS]:  # best first
         if hit.score < RELATIVE_FLOOR * kept[0].score:
             break
@@ -125,4 +127,5 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
             break
         lines.append(line)
         used += len(line)
-    return "\n".join(lines)
+        outside = outside or of_entry(e)
+    return Marked("\n".join(lines), outside)

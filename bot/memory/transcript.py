@@ -3,6 +3,7 @@ head marker of the latest compaction, the messages a note says were taken back, 
 tokens a character costs in this conversation. Shared by context assembly (bot/agent) and
 compaction's cut (bot/memory/compaction.py)."""
 
+from bot.provenance import Marked, of_entry
 from store import Conversation, Entry, Store
 
 PAGE = 100
@@ -16,12 +17,14 @@ def entry_chars(entry: Entry) -> int:
 
 
 async def head_of(store: Store, conversation: Conversation) -> tuple[str | None, int]:
-    """(summary, cut) from the conversation's head marker, or (None, 0)."""
+    """(summary, cut) from the conversation's head marker, or (None, 0). The summary keeps
+    its mark (`Marked`): what it summarised was outside text in part."""
     if not conversation.head_seq:
         return None, 0
     [marker] = await store.entries_page(conversation.id, after=conversation.head_seq - 1,
                                         limit=1)
-    return marker.text, int((marker.data or {}).get("cut_seq", marker.seq))
+    return (Marked(marker.text, of_entry(marker)),
+            int((marker.data or {}).get("cut_seq", marker.seq)))
 
 
 def withdrawn_by(entry: Entry) -> list[int]:

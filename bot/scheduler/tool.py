@@ -11,7 +11,7 @@ from pydantic import Field
 
 from bot.runtime import Policy
 from bot.scheduler.triggers import TriggerError, first_fire, from_ts, make_trigger
-from bot.tools import ToolContext, tool
+from bot.tools import ToolContext, ToolResult, tool
 from bot.tools.permissions import SCHEDULES, SENDS, Asking
 from store import NotFound, Schedule, ScheduleWrite, new_id
 
@@ -35,8 +35,9 @@ def describe(s: Schedule) -> str:
                                                                  lambda: "?")()
     nxt = from_ts(s.next_fire_at, s.timezone).strftime("%a %d %b %Y %H:%M %Z") \
         if s.next_fire_at else "never"
+    made = f" [made from text from outside ({s.origin}): data]" if s.origin else ""
     return f"{s.id} [{s.state}] {s.name!r}: {when} ({s.timezone}); next {nxt}; " \
-           f"fired {s.fired}x; does: {s.prompt}"
+           f"fired {s.fired}x; does{made}: {s.prompt}"
 
 
 async def _needs_approval(asking: Asking, **args) -> str | None:
@@ -73,7 +74,7 @@ async def schedule(
                     "the user's Slack direct messages")] = "here",
     email: Annotated[str | None, Field(description="address for deliver_to=email "
                                                    "(default: the user's own)")] = None,
-) -> str:
+) -> str | ToolResult:
     """Create, list, change or cancel reminders and recurring jobs. Turn the user's words
     into exactly one of `at` (once), `every_minutes` or `cron` in their timezone (ask the
     current_time tool first if you need today's date). When it fires you get `prompt` as
@@ -82,7 +83,8 @@ async def schedule(
     if action == "list":
         found = await store.list_schedules(conversation_id=ctx.conversation_id)
         live = [s for s in found if s.state == "active"]
-        return "\n".join(describe(s) for s in live) or "No active schedules here."
+        return ToolResult("\n".join(describe(s) for s in live) or "No active schedules here.",
+                          outside=next((s.origin for s in live if s.origin), None))
     if action == "create":
         if not name or not prompt:
             return "error: create needs `name` and `prompt`"
@@ -94,6 +96,7 @@ async def schedule(
         except TriggerError as exc:
             return f"error: {exc}"
         # Answers delivered elsewhere run in a conversation of their own.
+        # Made from outside text (bot/provenance.py): it fires as outside text too.
         return _save(ctx, new_id(), name, prompt, spec, timezone or ctx.timezone, target,
                      conversation_id=ctx.conversation_id if target.get("here") else None,
                      owner=await _caller(ctx))
@@ -111,7 +114,7 @@ async def schedule(
         ctx.writes.save_schedule(ScheduleWrite(
             current.id, current.name, current.prompt, current.trigger, current.timezone,
             current.deliver, None, current.conversation_id, current.owner, current.catchup,
-            "cancelled"))
+            "cancelled", current.origin))
         return f"Cancelled {current.name!r}."
     if (at, every_minutes, cron) == (None, None, None):
         spec = _anchored(current.trigger, from_ts(current.created_at, current.timezone))
@@ -120,11 +123,12 @@ async def schedule(
             spec = _spec(at, every_minutes, cron)
         except TriggerError as exc:
             return f"error: {exc}"
-    # A change keeps where it lives, whose it is and where its answers go.
+    # A change keeps where it lives, whose it is and where its answers go; its words stay
+    # outside text unless the person gives new ones (`prompt`) in a turn of their own.
     return _save(ctx, current.id, name or current.name, prompt or current.prompt, spec,
                  timezone or current.timezone, current.deliver,
                  conversation_id=current.conversation_id, owner=current.owner,
-                 catchup=current.catchup)
+                 catchup=current.catchup, origin=None if prompt else current.origin)
 
 
 async def _caller(ctx: ToolContext) -> str | None:
@@ -181,7 +185,7 @@ async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
 
 def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,
           timezone: str, deliver: dict, *, conversation_id: int | None, owner: str | None,
-          catchup: str = "latest") -> str:
+          catchup: str = "latest", origin: str | None = None) -> str:
     try:
         ZoneInfo(timezone)
         now = from_ts(time.time(), timezone)
@@ -193,6 +197,7 @@ def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict
     if first is None or first < now:
         return "error: that time has already passed"
     ctx.writes.save_schedule(ScheduleWrite(schedule_id, name, prompt, spec, timezone, deliver,
-                                           first.timestamp(), conversation_id, owner, catchup))
+                                           first.timestamp(), conversation_id, owner, catchup,
+                                           origin=ctx.outside or origin))
     return f"Scheduled {name!r} ({schedule_id}); first at " \
            f"{first.strftime('%a %d %b %Y %H:%M %Z')}."

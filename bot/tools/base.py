@@ -81,7 +81,9 @@ class ToolContext:
     - `recipients`: whom a tool may send to (`bot.tools.permissions`); nobody by default;
       `approved`: the person approved this call (an approval's wait ended with yes);
     - `netguard`: which addresses web tools may reach (None: public ones only);
-    - `channels`: the delivery channels by name, which know their own addresses.
+    - `channels`: the delivery channels by name, which know their own addresses;
+    - `outside`: why the turn's request held outside text (`bot.provenance`), or None:
+      what the tool stores for later (a fact, a to-do, a schedule) keeps that mark.
     """
 
     def __init__(self, *, store: Store, task_id: str, conversation_id: int | None = None,
@@ -91,7 +93,8 @@ class ToolContext:
                  save_partial: Callable[[Any], Awaitable[None]] = _no_partial,
                  origin: dict[str, Any] | None = None,
                  recipients: Recipients | None = None, approved: bool = False,
-                 netguard: Any = None, channels: dict[str, Any] | None = None):
+                 netguard: Any = None, channels: dict[str, Any] | None = None,
+                 outside: str | None = None):
         self.store = store
         self.task_id = task_id
         self.conversation_id = conversation_id
@@ -110,6 +113,7 @@ class ToolContext:
         # The channels this process delivers through (bot.channels.Channel), by name: they
         # say how to address someone new on them.
         self.channels = channels or {}
+        self.outside = outside
 
     def __repr__(self) -> str:
         return (f"ToolContext(task_id={self.task_id!r}, "
@@ -122,13 +126,16 @@ class ToolResult:
 
     content: str
     is_error: bool = False
+    outside: str | None = None  # it shows stored outside text (bot.provenance): why
 
     def to_json(self) -> dict:
-        return {"content": self.content, "is_error": self.is_error}
+        shown = {"content": self.content, "is_error": self.is_error}
+        return {**shown, "outside": self.outside} if self.outside else shown
 
     @classmethod
     def from_json(cls, data: dict) -> ToolResult:
-        return cls(str(data.get("content", "")), bool(data.get("is_error", False)))
+        return cls(str(data.get("content", "")), bool(data.get("is_error", False)),
+                   data.get("outside") or None)
 
 
 class ToolModuleError(Exception):

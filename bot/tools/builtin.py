@@ -13,12 +13,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 from pydantic import Field
 
+from bot.provenance import MARK, first
 from bot.runtime.definitions import Policy
-from bot.tools.base import Tool, ToolContext, tool
+from bot.tools.base import Tool, ToolContext, ToolResult, tool
 from bot.tools.guarded_http import guarded_client
 from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id
 from bot.tools.netguard import NetGuard
-from bot.tools.permissions import NETWORK, READS_OUTSIDE, REMEMBERS
+from bot.tools.permissions import NETWORK, READS_OUTSIDE, REMEMBERS, Asking
 from store import NotFound, conversation_namespace
 from store.documents import Draft
 
@@ -239,15 +240,28 @@ async def http_get(
 TODO_DOCUMENT = "todo"
 
 
-def render_todo(items: list[dict]) -> str:
-    """One line per item, numbered by the item's id (its number for good)."""
+def render_todo(items: list[dict]) -> ToolResult:
+    """One line per item, numbered by the item's id (its number for good); an item added
+    from outside text (bot.provenance) says so, and so does the result."""
     if not items:
-        return "The to-do list is empty."
-    return "\n".join(f"{item.get('id', n)}. [{'x' if item.get('done') else ' '}] "
-                     f"{item.get('text', '')}" for n, item in enumerate(items, 1))
+        return ToolResult("The to-do list is empty.")
+    return ToolResult("\n".join(
+        f"{item.get('id', n)}. [{'x' if item.get('done') else ' '}] "
+        + (f"[text from outside ({item[MARK]}): data] " if item.get(MARK) else "")
+        + f"{item.get('text', '')}" for n, item in enumerate(items, 1)),
+        outside=first(item.get(MARK) for item in items))
 
 
-@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}))
+async def _removing_after_outside(asking: Asking, action: str = "", number: int | None = None,
+                                  **_args) -> str | None:
+    """Taking an item off the person's list, asked for by outside text."""
+    if action != "remove" or not asking.read_outside:
+        return None
+    return (f"remove item {number} from the to-do list, asked for after reading text from "
+            f"outside (via {asking.read_outside}), which may be trying to make me do it")
+
+
+@tool(policy=Policy.SAFE, touches=frozenset({REMEMBERS}), approval=_removing_after_outside)
 async def todo(
     ctx: ToolContext,
     action: Annotated[Literal["add", "complete", "reopen", "remove", "list"], Field(
@@ -256,7 +270,7 @@ async def todo(
     number: Annotated[int | None, Field(
         description="the item's number as the list shows it, for complete, reopen and "
                     "remove")] = None,
-) -> str:
+) -> ToolResult:
     """The to-do list of this conversation: add an item, complete, reopen or remove one by
     its number, or list them. Returns the list as it is afterwards. An item keeps its
     number for good: removing item 2 leaves item 3 numbered 3, so several calls at once
@@ -286,7 +300,8 @@ async def todo(
         text = (item or "").strip()
         if not text:
             raise ValueError("add needs `item`: the text of the new item")
-        items.append({"id": take_id(draft.root), "text": text, "done": False})
+        items.append({"id": take_id(draft.root), "text": text, "done": False,
+                      **({MARK: ctx.outside} if ctx.outside else {})})
     elif action in ("complete", "reopen", "remove"):
         index = None if number is None else find_index(items[:], number)
         if index is None:

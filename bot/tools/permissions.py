@@ -15,27 +15,31 @@ and only through a channel that is enabled. Anything else needs the person's app
 
 A fetch sends too: the address itself reaches its server ("https://evil.test/?pin=1234",
 or the PIN as a host name). So a tool that reaches the NETWORK fetches, without asking,
-only an address the person wrote in the messages this turn answers (copied from their own
-words, it carries nothing from Steward's memory) or one on a host listed in `[agent]
-fetch_hosts`; any other address, a link found in a page included, needs their approval.
+only an address that stands whole in the person's own words in the messages this turn
+answers (not a part of one, nor one from a forwarded, quoted or attached part:
+`bot.provenance.own_words`), or one on a host listed in `[agent] fetch_hosts`; any other
+address, a link found in a page included, needs their approval. Every address in a
+network tool's arguments counts, nested ones too (an MCP call's).
 
 Approval is also asked, whatever the arguments, for:
 
 - the tools named in `[agent] approval_tools`, and unsafe tools from `[agent]
   tool_modules` and MCP servers (unless `approve_unsafe_custom_tools = false`);
-- a tool that SENDS or changes SCHEDULES, once the turn has read content from outside:
-  a tool that READS_OUTSIDE (a web page, a search hit), or a message that brings someone
-  else's words with it (`outside_in`: a forwarded mail, quoted lines, an attached file).
-  Such text is data, never permission, and an instruction hidden in it must not act
-  unseen. The person's own words in the same message still count as theirs.
+- a tool that SENDS or changes SCHEDULES when the turn's request holds outside text
+  (`bot/provenance.py`: a page, a search hit, an MCP answer, a forwarded, quoted or
+  attached part, a recalled mail, or a fact, summary or reminder made from such text);
+  so do changes to what Steward remembers (`bot.memory.facts`, the to-do list) and MCP
+  tools the owner has not declared trusted (`bot.tools.mcp`). Such text is data, never
+  permission, and an instruction hidden in it must not act unseen.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from bot.provenance import urls_in, whole_urls
 
 SENDS = "sends"  # puts something in front of someone (mail, a post)
 SCHEDULES = "schedules"  # makes Steward act later, unattended
@@ -113,21 +117,31 @@ def approval_needed(tool: Any, arguments: dict, asking: Asking, *, custom: bool,
             custom and tool.policy_for(arguments) == "unsafe"
             and config.agent.approve_unsafe_custom_tools):
         return f"run the tool {tool.name} ({shown})"
-    url = arguments.get("url")
-    if NETWORK in tool.touches and isinstance(url, str) and not _may_fetch(
-            url, asking.own_words, config.agent.fetch_hosts):
-        return (f"fetch {url[:200]} with {tool.name}: an address you did not write, and "
-                "the address itself reaches that server")
+    if NETWORK in tool.touches:
+        for url in _addresses(arguments):
+            if not _may_fetch(url, asking.own_words, config.agent.fetch_hosts):
+                return (f"fetch {url[:200]} with {tool.name}: an address you did not write, "
+                        "and the address itself reaches that server")
     if asking.read_outside and tool.touches & {SENDS, SCHEDULES}:
         return (f"run {tool.name} ({shown}), asked for after reading text from outside "
                 f"(via {asking.read_outside}), which may be trying to make me do it")
     return None
 
 
+def _addresses(arguments: dict) -> list[str]:
+    """What a network tool's call would reach: its `url` as given, and every address
+    anywhere else in its arguments (an MCP call nests them)."""
+    url = arguments.get("url")
+    given = [url.strip()] if isinstance(url, str) and url.strip() else []
+    rest = urls_in({k: v for k, v in arguments.items() if k != "url"})
+    return given + [u for u in rest if u not in given]
+
+
 def _may_fetch(url: str, own_words: str, hosts: Iterable[str]) -> bool:
-    """Whether `url` may be fetched unasked: written by the person, or on a listed host."""
+    """Whether `url` may be fetched unasked: it stands whole in the person's own words (not
+    a part of one, not from a forwarded, quoted or attached part), or is on a listed host."""
     url = url.strip()
-    if url and url in own_words:
+    if url and url in whole_urls(own_words):
         return True
     from urllib.parse import urlsplit
 
@@ -137,19 +151,3 @@ def _may_fetch(url: str, own_words: str, hosts: Iterable[str]) -> bool:
         return False
     return bool(host) and any(host == h or (h.startswith(".") and host.endswith(h))
                               for h in (x.strip().lower() for x in hosts))
-
-
-FORWARDED = re.compile(r"^\s*(-{5,}\s*Forwarded message\s*-{5,}|Begin forwarded message:"
-                       r"|-{2,}\s*Original Message\s*-{2,})\s*$", re.IGNORECASE | re.MULTILINE)
-QUOTED = re.compile(r"^\s*>", re.MULTILINE)
-
-
-def outside_in(text: str, data: dict | None) -> str | None:
-    """What in a person's message is someone else's text (None: all their own)."""
-    if FORWARDED.search(text):
-        return "a forwarded message"
-    if QUOTED.search(text):
-        return "quoted text"
-    if (data or {}).get("attachments"):  # bot.attachments.REF: files, read as text
-        return "an attached file"
-    return None

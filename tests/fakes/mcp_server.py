@@ -3,9 +3,10 @@ serves stdio; `--http PORT` serves streamable HTTP on 127.0.0.1 (0: any free por
 as `listening on PORT` on stderr's first line).
 
 Tools: `add`, `record` (appends to $MCP_LEDGER, so a test counts effects), `slow_record`
-(records `start`, sleeps, records `done`), `charge` (records the request's idempotency
-key), `whoami` (the Authorization header it got), `die` (exits mid-call); $MCP_EXTRA_TOOLS
-more trivial ones (`noop_0`, ...), to show that many tools cost the prompt nothing.
+(records `start`, sleeps, records `done`), `fetch` (GETs a URL itself), `charge` (records
+the request's idempotency key), `whoami` (the Authorization header it got), `die` (exits
+mid-call); $MCP_EXTRA_TOOLS more trivial ones (`noop_0`, ...), to show that many tools
+cost the prompt nothing.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ def charge(amount: int, ctx: Context) -> str:
 def whoami(ctx: Context) -> str:
     """The Authorization header of the request (HTTP only)."""
     return (ctx.headers or {}).get("authorization", "none")
+
+
+@app.tool()
+def fetch(url: str) -> str:
+    """GET an address and return what it says (reaches the network on its own)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a test server
+        return response.read().decode("utf-8", "replace")
 
 
 @app.tool()

@@ -9,6 +9,7 @@
     pass_env = ["DRIVE_TOKEN"]           # environment variables passed through (secrets)
     policy = "unsafe"                    # replay policy of its tools: unsafe (default),
     tools = { read_file = "safe" }       #   safe or keyed; per tool where they differ
+    trusted = ["read_file"]              # may run unasked after outside text ("*": all)
 
     [[mcp.servers]]
     name = "tracker"
@@ -19,6 +20,12 @@
 A tool nobody declared is `unsafe`: after a crash mid-call it is reported as interrupted,
 never called again blindly, and it asks the person first like an unsafe custom tool
 (`[agent] approve_unsafe_custom_tools`).
+
+Replay is not trust: `safe` says a call may be repeated after a crash, nothing about what
+it sends where. Once a turn's request holds text from outside (bot/provenance.py), every
+MCP call waits for the person's yes unless the owner named the tool in `trusted` (they
+vouch it sends nothing anywhere that matters); an address anywhere in a call's arguments
+is fetched unasked only if the person wrote it, whatever the tool.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class McpServerConfig(BaseModel):
     headers_env: dict[str, str] = Field(default_factory=dict)  # header -> env var
     policy: PolicyName = "unsafe"
     tools: dict[str, PolicyName] = Field(default_factory=dict)
+    trusted: list[str] = Field(default_factory=list)  # tool names, or "*" for all
     call_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     connect_timeout_seconds: float = Field(default=20.0, gt=0, le=600)
 
@@ -87,6 +95,10 @@ class McpServerConfig(BaseModel):
 
     def policy_of(self, tool: str) -> PolicyName:
         return self.tools.get(tool, self.policy)
+
+    def trusts(self, tool: str) -> bool:
+        """Whether the owner lets `tool` run unasked after outside text."""
+        return "*" in self.trusted or tool in self.trusted
 
 
 class McpConfig(BaseModel):

@@ -11,7 +11,9 @@ the config says otherwise) through `Tool.policy_fn`: an unsafe call cut off by a
 reported as interrupted, never repeated; a keyed call carries its idempotency key in the
 request's `_meta` (`idempotency_key`), the same on every attempt. What a call returns is
 text from outside (READS_OUTSIDE): shown to the model as data, and sending afterwards asks
-first. A server that died during a call leaves it undecided; the model is told so.
+first. Whether a call may run unasked after outside text is trust, not replay: only the
+tools the owner lists in `trusted` (bot/tools/mcp/config.py). A server that died during a
+call leaves it undecided; the model is told so.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ def mcp_tools(servers: McpServers) -> list[Tool]:
         return Policy(server.config.policy_of(str(arguments.get("tool", ""))))
 
     async def ask_first(asking: Asking, server: str, tool: str, arguments: dict) -> str | None:
-        if asking.read_outside and policy({"server": server, "tool": tool}) == Policy.UNSAFE:
+        """After outside text, a call waits for the person unless the owner trusts the tool
+        (`trusted` in its server's config): replay policy is not trust."""
+        known = servers.get(server)
+        if known is None:
+            return None  # answered with an error, nothing runs
+        if asking.read_outside and not known.config.trusts(tool):
             return (f"run {tool} on {server} ({_shown(arguments)}), asked for after reading "
                     f"text from outside (via {asking.read_outside}), which may be trying to "
                     "make me do it")
