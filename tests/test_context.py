@@ -264,3 +264,21 @@ def test_each_entrys_message_is_made_once_and_the_memo_stays_small(monkeypatch):
     context.to_messages([Entry(i, 2, i, "user", None, "more", None, None, None, 0.0)
                          for i in range(100)])
     assert len(context._MADE) == 50
+
+
+async def test_an_oversized_message_is_cut_with_a_note(store, harnesses):
+    """The newest message is always in the window, but never whole when it alone is larger
+    than the window: a 5 MB paste once became one 5,000,501-character request."""
+    model = ScriptedModel(lambda request: Response(text="ok"))
+    h = harnesses(model, {"llm": {"context_window": 32000, "max_output_tokens": 1000},
+                          "compaction": {"enabled": False}})
+    await h.say("x" * 5_000_000)
+    [request] = model.requests
+    budget = (32000 - 1000) * CHARS_PER_TOKEN
+    assert request_chars(request) < budget, request_chars(request)
+    said = request.messages[-1].content
+    assert said.startswith("xxx") and "characters of this message are not shown" in said
+    # Kept whole in the transcript: only the request is cut.
+    [entry] = [e for e in await store.entries_page(
+        (await store.get_conversation("cli:est")).id) if e.kind == "user"]
+    assert len(entry.text) == 5_000_000

@@ -350,12 +350,22 @@ def _made(entry: Entry, make) -> Message:
     return message
 
 
+def _bounded(text: str, longest: int | None) -> str:
+    """`text`, cut to `longest` characters with a note saying so (the transcript keeps it
+    whole: only the request is cut)."""
+    if longest is None or len(text) <= longest:
+        return text
+    return (text[:longest] + f"\n[... the other {len(text) - longest:,} characters of this "
+            "message are not shown: it is longer than the context window allows]")
+
+
 def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = None,
-                config: Config | None = None) -> list[Message]:
+                config: Config | None = None, longest: int | None = None) -> list[Message]:
     """Entries as messages, with the tool-call pairing every provider insists on: results
     without their call are dropped, calls without a result get one saying so. `images`:
     those to show with their entries (by position); an entry's other images get a line
-    saying they are not shown (with `config`)."""
+    saying they are not shown (with `config`). A message longer than `longest` characters
+    is cut (`_bounded`): one paste must not make a request of any size."""
     messages: list[Message] = []
     open_calls: dict[str, str] = {}
 
@@ -373,8 +383,9 @@ def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = No
                 name = open_calls.pop(call_id)
                 messages.append(_made(e, lambda e=e, data=data, call_id=call_id, name=name:
                                       Message(role="tool", tool_call_id=call_id, name=name,
-                                              content=UNTRUSTED + e.text
-                                              if data.get("untrusted") else e.text,
+                                              content=_bounded(
+                                                  UNTRUSTED + e.text if data.get("untrusted")
+                                                  else e.text, longest),
                                               is_error=bool(data.get("is_error")))))
             continue
         close_open_calls()
@@ -382,12 +393,14 @@ def to_messages(entries: list[Entry], images: dict[int, list[Image]] | None = No
             shown = (images or {}).get(e.seq, [])
             extra = _not_shown(e, shown, config) if config is not None else ""
             if shown or extra:  # these depend on the rest of the window: made each time
-                messages.append(Message(role="user", content=e.text + extra, images=shown))
+                messages.append(Message(role="user", content=_bounded(e.text, longest) + extra,
+                                        images=shown))
             else:
-                messages.append(_made(e, lambda e=e: Message(role="user", content=e.text)))
+                messages.append(_made(e, lambda e=e: Message(
+                    role="user", content=_bounded(e.text, longest))))
         else:
             said = _made(e, lambda e=e, data=data: Message(
-                role="assistant", content=e.text,
+                role="assistant", content=_bounded(e.text, longest),
                 tool_calls=[ToolCall.model_validate(c) for c in data.get("tool_calls", [])]))
             messages.append(said)
             open_calls.update((c.id, c.name) for c in said.tool_calls)
@@ -488,7 +501,10 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
         kept = {e.seq for e in window.entries}
         entries = [e for e in entries if e.seq in kept]
         images = {seq: shown for seq, shown in images.items() if seq in kept}
-    messages = to_messages(entries, images, config)
+    # No one message may take more than half the room: the newest is always kept, whatever
+    # its size, and the rest of the request needs the other half. (Never under _MADE_TEXT:
+    # a message kept in the memo is made the same way every time.)
+    messages = to_messages(entries, images, config, longest=max(budget // 2, _MADE_TEXT))
     outside = first([outside_of(facts), outside_of(window.summary),
                      *(of_entry(e) for e in entries)])
     # A window cut mid-exchange starts at the next user message (some providers insist).
