@@ -115,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--limit", type=_positive, default=50)
         return sp
 
+    facts = sub.add_parser("facts", help="what Steward remembers, per scope, and where each "
+                                         "fact came from")
+    facts.add_argument("--scope", help="one scope (private:<person>, channel:<id>); default all")
+    facts.add_argument("--json", action="store_true", help="one JSON object per line")
     context = sub.add_parser("context", help="the exact context the model would get now")
     context.add_argument("key")
     context.add_argument("--json", action="store_true")

@@ -82,8 +82,8 @@ async def _schedules(config: Config, args) -> int:
              "timezone": s.timezone, "next": _ts(s.next_fire_at) if s.next_fire_at else None,
              "last": _ts(s.last_fire_at) if s.last_fire_at else None, "fired": s.fired,
              "session": keys.get(s.conversation_id), "deliver": s.deliver.get("channel"),
-             "prompt": s.prompt} for s in found]
-    _emit(rows, args.json, ["id", "state", "next", "name", "session"],
+             "prompt": s.prompt, "from": s.origin or "you"} for s in found]
+    _emit(rows, args.json, ["id", "state", "next", "name", "session", "from"],
           "no schedules" if args.all else
           "no active schedules (--all also lists finished and cancelled ones)")
     return 0
@@ -183,6 +183,21 @@ async def _fork(config: Config, args) -> int:
         except IntegrityError:  # made meanwhile by someone else
             raise UsageError(taken) from None
     print(child.key)
+    return 0
+
+
+async def _facts(config: Config, args) -> int:
+    """Every kept fact with where its words came from: "you", or the outside text it was
+    written from (bot/provenance.py), which the model is shown as data."""
+    from bot.memory.facts import read_facts
+
+    async with opened_store(config) as store:
+        scopes = [args.scope] if args.scope else sorted(
+            {c.scope for c in await store.list_conversations(limit=100_000)})
+        rows = [{"scope": scope, "number": item.get("id"), "since": item.get("since"),
+                 "from": item.get("outside") or "you", "text": item.get("text", "")}
+                for scope in scopes for item in await read_facts(store, scope)]
+    _emit(rows, args.json, ["scope", "number", "from", "text"], "no facts kept")
     return 0
 
 
@@ -335,7 +350,7 @@ COMMANDS = {
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
     "quarantine": _quarantine,
     "usage": _usage,
-    "fork": _fork, "doc": _doc, "web": _web,
+    "fork": _fork, "doc": _doc, "web": _web, "facts": _facts,
 }
 
 # -- errors as one line ------------------------------------------------------------------
@@ -447,7 +462,8 @@ SETUP = {"init": _init, "doctor": _doctor, "service": _service}
 
 # Commands that only read, and read of the config only its values (no section's methods):
 # the config as last validated is enough for them.
-READING = ("sessions", "log", "search", "tasks", "schedules", "quarantine", "usage", "doc")
+READING = ("sessions", "log", "search", "tasks", "schedules", "quarantine", "usage", "doc",
+           "facts")
 
 
 def _config(args):
