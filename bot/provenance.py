@@ -75,7 +75,7 @@ def outside_in(text: str, data: dict | None) -> str | None:
 
 def of_entry(entry: Any) -> str | None:
     """Why a transcript entry's words are (in part) not the person's own, or None."""
-    data = entry.data or {}
+    data = entry.data if isinstance(entry.data, dict) else {}
     if data.get(MARK):
         return str(data[MARK])
     if entry.kind == "tool_result" and data.get("untrusted"):  # marked before MARK existed
@@ -101,8 +101,8 @@ def own_part(text: str) -> str:
 def own_words(entries: Iterable[Any]) -> str:
     """What the person wrote in these messages (their own parts, `own_part`): a message
     marked as a whole (a reminder from outside text) adds nothing."""
-    return "\n".join(own_part(e.text) for e in entries
-                     if e.kind == "user" and not (e.data or {}).get(MARK))
+    return "\n".join(own_part(e.text) for e in entries if e.kind == "user"
+                     and not (e.data if isinstance(e.data, dict) else {}).get(MARK))
 
 
 def whole_urls(text: str) -> set[str]:
