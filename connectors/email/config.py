@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from bot.config import Section
+from connectors.email import authres
 
 
 class EmailConfig(Section):
@@ -24,9 +25,14 @@ class EmailConfig(Section):
     smtp_password_env: str = "STEWARD_SMTP_PASSWORD"
     allowed_senders: list[str] = Field(default_factory=list)
     allow_everyone: bool = False  # explicitly open; otherwise an empty list = nobody
+    # Refuse mail whose receiving server recorded a failed sender authentication in its
+    # Authentication-Results (dmarc=fail, or spf=fail without a DKIM pass for the From).
+    refuse_failed_auth: bool = True
     require_auth_results: bool = False  # also require a passing Authentication-Results
-    # ... written by the receiving server: its authserv-id, the first word of the header
-    # it adds (RFC 8601), e.g. "mx.example.com". Headers with any other id are ignored.
+    # ... written by the receiving server: its authserv-id(s), the first word of the
+    # headers it adds (RFC 8601), e.g. "mx.example.com"; several separated by commas or
+    # spaces. Empty: the IMAP host's provider (Gmail, Fastmail, iCloud, Outlook.com), else
+    # the server that wrote the topmost header (authres.py). Other headers are ignored.
     authserv_id: str = Field("", validate_default=True)
     max_attachment_bytes: int = Field(10_000_000, ge=0)  # stored per attachment
     poll_seconds: float = Field(60.0, gt=0)  # when the server has no IDLE
@@ -42,8 +48,10 @@ class EmailConfig(Section):
     @field_validator("authserv_id")
     @classmethod
     def _needed_to_require_auth(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("require_auth_results") and not value.strip():
-            raise ValueError("must be set when require_auth_results = true: the id your "
+        known = authres.receiver("", info.data.get("imap_host") or "") is not None
+        if info.data.get("require_auth_results") and not value.strip() and not known:
+            raise ValueError("must be set when require_auth_results = true (unless imap_host "
+                             "is Gmail's, Fastmail's, iCloud's or Outlook.com's): the id your "
                              "receiving mail server writes first in Authentication-Results "
                              "(e.g. \"mx.example.com\"); a header without it proves nothing")
         return value

@@ -10,7 +10,9 @@ from email.utils import getaddresses
 from connectors.email.charsets import decode
 
 MSG_ID = re.compile(r"<([^<>\s]+)>")
-ADDRESS = re.compile(r"[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
+# Starts only where a run of local-part characters starts: linear on long junk, same matches.
+ADDRESS = re.compile(r"(?<![\w.!#$%&'*+/=?^`{|}~-])[\w.!#$%&'*+/=?^`{|}~-]+@[\w-]+(?:\.[\w-]+)+")
+ENCODED_WORD = re.compile(r"=\?[^?\s]*\?[bBqQ]\?[^?\s]*\?=")
 MAX_ID = 400  # store columns hold 512 characters; longer ids are hashed
 
 
@@ -91,3 +93,39 @@ def address(msg: Message, name: str = "From") -> tuple[str, str]:
             return text(display)[:200], addr.strip().lower()
     match = ADDRESS.search(value)
     return ("", match.group(0).lower()) if match else ("", "")
+
+
+def addresses(msg: Message, name: str = "From") -> list[str]:
+    """Every distinct address (lower-cased, in order) in every `name` header. Quoted
+    strings, comments and encoded words are display text, not addresses: `"a@x" <b@y>`
+    holds one address, `a@x, b@y` and `a@x <b@y>` two."""
+    found: list[str] = []
+    for value in all_raw(msg, name):
+        value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        for addr in ADDRESS.findall(_outside_quotes(ENCODED_WORD.sub(" ", value))):
+            if addr.lower() not in found:
+                found.append(addr.lower())
+    return found
+
+
+def _outside_quotes(value: str) -> str:
+    """`value` with its quoted strings and (nested) comments blanked out."""
+    out, depth, quoted, escaped = [], 0, False, False
+    for ch in value:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and (quoted or depth):
+            escaped = True
+        elif quoted:
+            quoted = ch != '"'
+        elif ch == "(":
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif not depth and ch == '"':
+            quoted = True
+        elif not depth:
+            out.append(ch)
+            continue
+        out.append(" ")
+    return "".join(out)

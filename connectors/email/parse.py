@@ -54,6 +54,7 @@ class Mail:
     body_format: str  # "plain", "html" or "none"
     attachments: list[Attachment] = field(default_factory=list)
     defects: list[str] = field(default_factory=list)
+    from_addresses: list[str] = field(default_factory=list)  # all of them (policy: one only)
 
 
 def parse_mail(raw: bytes, *, max_attachment_bytes: int) -> Mail:
@@ -84,7 +85,7 @@ def parse_mail(raw: bytes, *, max_attachment_bytes: int) -> Mail:
         references=headers.message_ids(" ".join(headers.all_raw(msg, "References"))),
         body="\n\n".join(t for t in walker.texts if t.strip()).strip(),
         body_format=walker.body_format, attachments=walker.attachments,
-        defects=sorted(set(defects)))
+        defects=sorted(set(defects)), from_addresses=headers.addresses(msg, "From"))
 
 
 def _parts(msg: Message):
