@@ -13,7 +13,7 @@ def entry(kind, text, data=None):
 def test_the_own_part_stops_at_a_forward_or_an_attached_file_and_skips_quotes():
     text = ("see http://mine.test/a\n> http://quoted.test/b\nthanks\n\n"
             "---------- Forwarded message ----------\nhttp://theirs.test/c")
-    assert own_part(text) == "see http://mine.test/a\nthanks"
+    assert own_part(text) == "see http://mine.test/a\nthanks\n"
     attached = "what is this?\n[document: notes.pdf, 2 KB]\nhttp://file.test/d\n[end of notes.pdf]"
     assert own_part(attached) == "what is this?"
 

@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot.attachments import REF, BlobStore
@@ -331,23 +332,29 @@ def _fit(window: Window, budget_chars: int) -> Window:
 # never changed once made; the memo holds its entries, so an object's id names one entry.
 # Long entries (a fetched page, a big tool result) are made each time: kept, they could
 # hold far more than the context cache's bound; made, they cost the same as short ones.
-_MADE: OrderedDict[int, tuple[Entry, Message]] = OrderedDict()
-_MADE_MAX = 2048  # messages: with `_MADE_TEXT`, a few MB at most
+# An entry's provenance mark (`of_entry`, ~1 us a message) is kept the same way.
+_MADE: OrderedDict[tuple[int, bool], tuple[Entry, Any]] = OrderedDict()
+_MADE_MAX = 4096  # messages and marks: with `_MADE_TEXT`, a few MB at most
 _MADE_TEXT = 2000  # characters
 
 
-def _made(entry: Entry, make) -> Message:
+def _made(entry: Entry, make, *, mark: bool = False) -> Any:
     if len(entry.text) > _MADE_TEXT:
         return make()
-    hit = _MADE.get(id(entry))
+    key = (id(entry), mark)
+    hit = _MADE.get(key)
     if hit is not None and hit[0] is entry:
-        _MADE.move_to_end(id(entry))
+        _MADE.move_to_end(key)
         return hit[1]
-    message = make()
-    _MADE[id(entry)] = (entry, message)
+    made = make()
+    _MADE[key] = (entry, made)
     if len(_MADE) > _MADE_MAX:
         _MADE.popitem(last=False)
-    return message
+    return made
+
+
+def _mark_of(entry: Entry) -> str | None:
+    return _made(entry, lambda: of_entry(entry), mark=True)
 
 
 def _bounded(text: str, longest: int | None) -> str:
@@ -505,8 +512,8 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     # its size, and the rest of the request needs the other half. (Never under _MADE_TEXT:
     # a message kept in the memo is made the same way every time.)
     messages = to_messages(entries, images, config, longest=max(budget // 2, _MADE_TEXT))
-    outside = first([outside_of(facts), outside_of(window.summary),
-                     *(of_entry(e) for e in entries)])
+    outside = outside_of(facts) or outside_of(window.summary) or first(
+        _mark_of(e) for e in entries)
     # A window cut mid-exchange starts at the next user message (some providers insist).
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
     messages = messages[first_user:]
