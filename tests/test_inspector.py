@@ -48,6 +48,7 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HOSTILE = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
            ' & "quotes"')
 LONG = "cli:long"  # a transcript longer than one page
+TOKEN = "the-inspector-t0ken-of-this-module"
 PAGE = 50
 
 
@@ -128,12 +129,14 @@ async def site(request, tmp_path_factory):
     try:
         made = await write_history(store, tmp)
         async with open_source(config) as source:
-            runner = web.AppRunner(make_app(source), access_log=None)
+            runner = web.AppRunner(make_app(source, token=TOKEN), access_log=None)
             await runner.setup()
             server = web.TCPSite(runner, "127.0.0.1", 0)
             await server.start()
             base = f"http://127.0.0.1:{runner.addresses[0][1]}"
             async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                # The printed link, once: its cookie carries the token from then on.
+                assert (await http.get(f"/?token={TOKEN}")).status_code == 303
                 yield {"backend": request.param, "base": base, "http": http,
                        "source": source, "store": store, "config_file": config_file,
                        "home": home, "tmp": tmp, **made}
@@ -152,6 +155,7 @@ class Browser:
 
     def __init__(self, http: httpx.AsyncClient, session: str, shots: Path):
         self.http, self.session, self.shots = http, session, shots
+        self.visited: set[str] = set()  # the sites whose cookie it has
 
     async def _call(self, method: str, path: str, body: dict | None = None):
         r = await self.http.request(method, f"/session/{self.session}{path}", json=body)
@@ -160,6 +164,15 @@ class Browser:
 
     async def open(self, url: str) -> None:
         await self._call("POST", "/url", {"url": url})
+
+    async def visit(self, site: dict, path: str) -> None:
+        """`path` as a person gets there: the printed link the first time (its token
+        becomes a cookie, and leaves the address bar), then the plain address."""
+        if site["base"] not in self.visited:
+            await self.open(f"{site['base']}/?token={TOKEN}")
+            assert await self._call("GET", "/url") == site["base"] + "/"
+            self.visited.add(site["base"])
+        await self.open(site["base"] + path)
 
     async def run(self, script: str):
         """JavaScript from the test (WebDriver's own channel: the page's CSP forbids any
@@ -276,7 +289,7 @@ async def test_hostile_text_is_shown_as_text_and_never_runs(site, browser):
     html = await page(site, "/transcript", key="cli:ana")
     assert "<script>window.pwned" not in html and "<img src=x" not in html
     assert escape(HOSTILE) in html  # shown, escaped
-    await browser.open(site["base"] + "/transcript?key=cli:ana")
+    await browser.visit(site, "/transcript?key=cli:ana")
     pwned, scripts, images = await browser.run(
         "return [window.pwned === undefined ? null : window.pwned,"
         " document.scripts.length, document.images.length]")
@@ -372,7 +385,7 @@ async def test_usage_per_day_and_model_is_a_chart(site, browser):
     assert re.search(r"<title>[0-9-]+ · big-model: 0\.0500 USD</title>", html)
     assert re.search(r"<title>[0-9-]+ · scripted: 0\.1200 USD</title>", html)
     assert re.search(r"<td>big-model</td><td>3</td>", html)
-    await browser.open(site["base"] + "/usage?days=7")
+    await browser.visit(site, "/usage?days=7")
     shot = await browser.screenshot(f"{site['backend']}-usage")
     counts = assert_real_page(shot)
     # Both models' bars are drawn, in their colours (big-model first by name).
@@ -391,7 +404,7 @@ async def test_usage_per_day_and_model_is_a_chart(site, browser):
     ("conversations", "/", "cli:ana@2"),
 ])
 async def test_every_area_renders_in_a_browser(site, browser, name, path, shown):
-    await browser.open(site["base"] + path)
+    await browser.visit(site, path)
     assert shown in await browser.text()
     assert_real_page(await browser.screenshot(f"{site['backend']}-{name}"))
 
@@ -405,17 +418,25 @@ async def test_read_only_and_locked_down(site):
         assert "script-src" not in r.headers["content-security-policy"]
         assert r.headers["content-security-policy"].startswith("default-src 'none'")
         assert r.headers["x-content-type-options"] == "nosniff"
-    # A page that calls itself by another host name (DNS rebinding) is not answered.
+    # A page that calls itself by another host name (DNS rebinding) is not answered, even
+    # with the token.
     port = site["base"].rpartition(":")[2]
     r = await site["http"].get("/", headers={"Host": f"evil.example:{port}"})
     assert r.status_code == 421
-    r = await site["http"].get("/", headers={"Host": "localhost"})
+    r = await site["http"].get("/", headers={"Host": f"localhost:{port}"})
     assert r.status_code == 200
+    # Without the token, nothing, loopback or not.
+    async with httpx.AsyncClient(base_url=site["base"]) as stranger:
+        for path in ("/", "/transcript?key=cli:ana", "/style.css"):
+            r = await stranger.get(path)
+            assert r.status_code == 401 and "add milk" not in r.text
 
 
 async def test_a_token_guards_every_page(site):
-    """As `steward web --host 0.0.0.0` serves it: nothing without the token."""
-    runner = web.AppRunner(make_app(site["source"], token="t0ken-s3cret"), access_log=None)
+    """As `steward web --host 0.0.0.0` serves it (no Host check): nothing without the
+    token."""
+    runner = web.AppRunner(make_app(site["source"], token="t0ken-s3cret", loopback=False),
+                           access_log=None)
     await runner.setup()
     server = web.TCPSite(runner, "127.0.0.1", 0)
     await server.start()

@@ -156,11 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--as-of", type=_position, help="as it was at this entry position")
     doc.add_argument("--json", action="store_true")
     web = sub.add_parser("web", help="the inspector in a browser (read-only)")
-    web.add_argument("--host", default="127.0.0.1",
-                     help="address to bind; any but loopback needs a token")
+    web.add_argument("--host", default="127.0.0.1", help="address to bind")
     web.add_argument("--port", type=_port, default=8377)
-    web.add_argument("--token", help="required of every request (default: none on "
-                     "loopback, else made up and printed); also $STEWARD_WEB_TOKEN")
+    web.add_argument("--token", help="required of every request, 16 characters or more "
+                     "(default: a random one each start, in the printed link); also "
+                     "$STEWARD_WEB_TOKEN")
     _setup_commands(sub)
     return p
 

@@ -6,6 +6,9 @@ and turns any exception into a failed row, so an unreachable server is a line in
 table, never a traceback. Checks that talk to servers run at the same time; the clock is
 read last, from the Date headers of the servers the others reached.
 
+No secret is printed: every row is redacted (`bot.agent.apology.redact`) of the values the
+config reads and of anything shaped like a key, since a server's error may echo the key.
+
 Exit code: 0 when nothing failed, 2 when the config itself did not load (as every other
 command), 1 for any other failure; the failures are also summed up in one line on stderr.
 """
@@ -17,6 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from bot.agent.apology import redact
 from bot.app import configfile
 from bot.app import doctor_checks as checks
 from bot.app.doctor_checks import FAIL, OK, WARN
@@ -36,13 +40,15 @@ class Row:
 @dataclass
 class Context:
     """What the checks share: the config (None if it did not load), the unset secrets,
-    the environment, one HTTP client, and the Date headers its responses carried."""
+    the environment, the secrets' values (never to be shown), one HTTP client, and the
+    Date headers its responses carried."""
 
     args: object
     env: dict
     timeout: float
     config: object = None
     missing: list[str] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)
     http: object = None
     dates: list[tuple[str, float, float]] = field(default_factory=list)  # (host, theirs, ours)
 
@@ -52,6 +58,7 @@ async def run(args, env=os.environ) -> int:
 
     ctx = Context(args=args, env=dict(env), timeout=args.timeout)
     rows = [await asyncio.to_thread(_config_row, ctx)]  # reads the file: off the loop
+    ctx.known = checks.known_secrets(ctx.config, ctx.env)
     async with httpx.AsyncClient(timeout=httpx.Timeout(ctx.timeout),
                                  event_hooks={"response": [_date_recorder(ctx)]}) as http:
         ctx.http = http
@@ -66,6 +73,8 @@ async def run(args, env=os.environ) -> int:
             _timed("imap", checks.imap, ctx, ctx.timeout),
             _timed("smtp", checks.smtp, ctx, ctx.timeout))
     rows.append(await _timed("clock", checks.clock, ctx, ctx.timeout))
+    rows = [Row(r.check, r.status, redact(r.detail, ctx.known), redact(r.fix, ctx.known),
+                r.seconds) for r in rows]  # what any server said: without the keys
     _show(rows, args.json)
     failed = [r for r in rows if r.status == FAIL]
     if failed:

@@ -48,6 +48,38 @@ def needed_secrets(config, env) -> list[tuple[str, str]]:
     return needed
 
 
+# Read when set whatever the config says, so that a key is never shown even when the config
+# did not load or the model was found by these.
+ALWAYS_SECRET = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "STEWARD_WEB_TOKEN")
+
+
+def known_secrets(config, env) -> list[str]:
+    """The values of every secret this config and environment hold (the variables it names,
+    those an MCP server passes on or sends as headers, the store URL's password), for
+    `redact`: a server that echoes one back must not get it printed."""
+    names = list(ALWAYS_SECRET)
+    values = []
+    if config is not None:
+        from bot.config import secret_names
+
+        names += [name for _, name in secret_names(config)]
+        names += [name for _, name in needed_secrets(config, env)]
+        for server in config.mcp.servers:
+            names += [*server.headers_env.values(), *server.pass_env]
+        if config.store.url:
+            from sqlalchemy.engine import make_url
+            from sqlalchemy.exc import ArgumentError
+
+            try:
+                values.append(make_url(config.store.url).password or "")
+            except ArgumentError:  # an unreadable URL: the database check says so
+                pass
+    from bot.app.configfile import PLACEHOLDER
+
+    values += (env.get(name) or "" for name in names if name)
+    return [v for v in dict.fromkeys(values) if v and v != PLACEHOLDER]
+
+
 async def secrets(ctx):
     if skipped := _no_config(ctx):
         return skipped
