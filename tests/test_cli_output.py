@@ -83,9 +83,9 @@ async def test_listings_have_aligned_column_headers(home):
 
     code, out, _ = await steward(home, "schedules")
     header, row = out.splitlines()
-    assert header.split() == ["ID", "STATE", "NEXT", "NAME", "SESSION"]
+    assert header.split() == ["ID", "STATE", "NEXT", "NAME", "SESSION", "FROM"]
     assert row.split()[1:] == ["active", "2100-01-01T00:00:00+00:00", "plants",
-                               "cli:a-longer-name"]
+                               "cli:a-longer-name", "you"]
 
     code, out, _ = await steward(home, "quarantine")
     header, row = out.splitlines()

@@ -150,3 +150,21 @@ def test_every_secret_the_config_reads_is_known(tmp_path):
                           "Bearer tracker", "drive-tok", "sk-detected", "db-pass"}
     # A config that did not load: still the provider keys the environment holds.
     assert known_secrets(None, env) == ["sk-detected"]
+
+
+def test_a_commands_error_line_never_shows_a_secret(tmp_path, monkeypatch):
+    """Every command's error path, not only doctor's: the one line `steward` prints for a
+    failure goes through the same redaction, the config's own secrets by value."""
+    from bot.app.commands import _without_secrets
+    from bot.app.config import build_config
+
+    monkeypatch.setenv("LLM", "hunter2hunter2")
+    config = build_config({"llm": {"provider": "openai", "model": "m", "api_key_env": "LLM"}},
+                          home=tmp_path, env={"LLM": "hunter2hunter2"})
+    line = ("the provider said: Incorrect API key provided: hunter2hunter2; also "
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl and sk-abc123")
+    shown = _without_secrets(line, config)
+    for secret in ("hunter2hunter2", "eyJhbGciOiJIUzI1NiJ9", "sk-abc123"):
+        assert secret not in shown, shown
+    assert shown.startswith("the provider said: Incorrect API key provided:")
+    assert "sk-abc123" not in _without_secrets(line, None)

@@ -490,5 +490,18 @@ def run(args) -> int:
         if os.environ.get("STEWARD_DEBUG"):
             raise
         code, line = _describe(exc, config)
-        print(f"steward: {line}", file=sys.stderr)
+        print(f"steward: {_without_secrets(line, config)}", file=sys.stderr)
         return code
+
+
+def _without_secrets(line: str, config: Config | None) -> str:
+    """An error's line with every secret taken out: a server's error can echo the key it
+    was sent (the config's own secrets by value, anything shaped like one by shape)."""
+    from bot.agent.apology import redact
+    from bot.app.doctor_checks import known_secrets
+
+    try:
+        known = known_secrets(config, os.environ) if config is not None else ()
+    except Exception:  # noqa: BLE001 - redact by shape at least
+        known = ()
+    return redact(line, known)
