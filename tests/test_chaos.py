@@ -531,6 +531,8 @@ lease_seconds = 2.0
 retry_base_seconds = 0.05
 retry_max_seconds = 0.1
 drain_seconds = 5.0
+[limits]
+person_calls_per_hour = 0  # hundreds of messages an hour from a few people, on purpose
 """)
 
 

@@ -91,6 +91,12 @@ async def test_a_flood_of_threads_from_one_sender_is_held_to_the_rate(store, mak
     assert sum(a.startswith(SHORT) for a in said) == flood - RATE - 1
     [full] = [a for a in said if a.startswith(FULL)]
     assert f"({RATE} model calls an hour)" in full and "[limits]" in full
+    # Only the full notice goes out with the answers: the short ones are recorded, not
+    # sent (a flood of threads must not make a flood of posts).
+    sent = [t.inputs["text"] for t in await store.list_tasks(kind="deliver", limit=1000)]
+    assert sum(t.startswith("answer to flood") for t in sent) == RATE
+    assert sum(t.startswith(FULL) for t in sent) == 1
+    assert not any(t.startswith(SHORT) for t in sent)
     for n in range(3):
         assert await answers(store, f"cli:bob-{n}") == [f"answer to bob {n}"]
 

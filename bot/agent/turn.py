@@ -117,7 +117,16 @@ class Turn(TaskDef):
         owner = (await self.store.known_conversation(ctx.task.conversation_id)).owner
         verdict = await budget.check(self.store, self.deps.config, owner)
         if verdict.over is not None:
-            return self._answer(ctx, budget.over_notice(verdict.over, caps.currency))
+            notice = budget.over_notice(verdict.over, caps.currency)
+            if verdict.over.calls and verdict.over.repeated:
+                # A flood past the hourly rate was told once: the rest are recorded as
+                # answered, not sent (a thousand threads must not make a thousand posts).
+                ctx.writes.append(ctx.task.conversation_id, "assistant", notice,
+                                  task_id=ctx.task.id, data={
+                                      "final": True, "answers_upto": ctx.checkpoint["upto"],
+                                      "error": True, "not_sent": "rate"})
+                return await self._finish(ctx, {"text": notice, "delivery": None})
+            return self._answer(ctx, notice)
         if verdict.near is not None and "note" not in ctx.checkpoint \
                 and await budget.claim_note(self.store, verdict.near, owner):
             ctx.checkpoint = {**ctx.checkpoint, "note": budget.near_note(verdict.near,
