@@ -2,7 +2,8 @@
 reason a person can act on; it becomes the attachment's note, never a traceback.
 
     Unreadable          the file cannot be read as what it is (corrupt, encrypted, lying)
-     └── TooLarge       it would take more than the limits allow (pixels, parts, bytes)
+     └── TooLarge       it would take more than the limits allow (pixels, decoded bytes,
+                        parts, inflated bytes, XML depth and elements, the reader's memory)
 """
 
 

@@ -1,22 +1,21 @@
 """Taking in one shared file: what it is (by content), the form the model can use (an
 image downscaled, a document's text), the bytes stored once by content hash, and what the
 message says about it. A file that cannot be read becomes a note with the reason; this
-never raises for bad input, so the rest of the message is still answered."""
+never raises for bad input, so the rest of the message is still answered. Every reader
+runs in a process of its own (`isolated.py`), stopped for good at `read_seconds`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bot.config import AttachmentsConfig
-
-from . import images, sniff
+from . import isolated, sniff
 from .blobs import BlobStore
 from .errors import Unreadable
-from .office import office_text
-from .pdf import pdf_text
+
+if TYPE_CHECKING:
+    from bot.config import AttachmentsConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +81,13 @@ class Attachments:
         ref.update(kind="unreadable", note=reason)
         return Kept(ref, f"[attached file: {head}] (not read: {reason})")
 
-    async def _read(self, fn, *args, **kwargs):
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs),
-                                      self.settings.read_seconds)
+    async def _read(self, reader: str, data: bytes, **options):
+        return await isolated.read(reader, data, seconds=self.settings.read_seconds,
+                                   **options)
 
     async def _image(self, data: bytes, head: str, label: str, ref: dict) -> Kept:
         s = self.settings
-        ready = await self._read(images.prepare, data, max_side=s.max_image_side,
+        ready = await self._read("image", data, max_side=s.max_image_side,
                                  max_pixels=s.max_image_pixels, max_bytes=s.max_image_bytes)
         ref.update(blob=await self.blobs.put(ready.data), media_type=ready.media_type,
                    blob_size=len(ready.data), width=ready.width, height=ready.height)
@@ -103,9 +102,9 @@ class Attachments:
                         ref: dict) -> Kept:
         cap = self.settings.max_text_chars
         if kind == "pdf":
-            text = await self._read(pdf_text, data, max_chars=cap + 1)
+            text = await self._read("pdf", data, max_chars=cap + 1)
         else:
-            text = await self._read(office_text, data, kind, max_chars=cap + 1)
+            text = await self._read("office", data, kind=kind, max_chars=cap + 1)
         ref["blob"] = await self.blobs.put(data)
         if len(text) > cap:
             text = text[:cap] + "\n[... the rest is not shown here]"

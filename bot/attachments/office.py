@@ -1,10 +1,11 @@
 """The text of office documents, read from the XML parts of their ZIP with the standard
-library (blocking: call it in a thread): Word (docx), Excel (xlsx), PowerPoint (pptx) and
-OpenDocument text, spreadsheets and presentations (odt, ods, odp).
+library (blocking: `keep.py` runs it in a reader process): Word (docx), Excel (xlsx),
+PowerPoint (pptx) and OpenDocument text, spreadsheets and presentations (odt, ods, odp).
 
 A ZIP is a bomb until shown otherwise: the number of parts is capped, each part is read as
 a stream and stops at `PART_BYTES` inflated (whatever its header claims), all parts
-together at `TOTAL_BYTES`, and reading stops once `max_chars` of text are collected.
+together at `TOTAL_BYTES` and `xmltext.ELEMENTS` elements (none nested deeper than
+`xmltext.DEPTH`), and reading stops once `max_chars` of text are collected.
 Spreadsheet rows are tab-separated, at most `MAX_COLUMNS` cells wide (a cell reference
 like XFD1 does not make sixteen thousand empty cells).
 """
@@ -64,6 +65,7 @@ class Package:
             raise TooLarge(f"the document has {len(infos)} parts (at most {MAX_PARTS})")
         self.names = {i.filename for i in infos}
         self.budget = TOTAL_BYTES
+        self.elements = xmltext.ELEMENTS
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -76,7 +78,8 @@ class Package:
         try:
             with self.zip.open(name) as stream:
                 counted.stream = stream
-                xmltext.walk(counted, limit=limit, start=start, end=end, text=text)
+                self.elements -= xmltext.walk(counted, limit=limit, start=start, end=end,
+                                              text=text, elements=self.elements)
         except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError,
                 RuntimeError) as exc:  # corrupt, encrypted, or an unknown compression
             raise Unreadable(f"the document's part {name} cannot be read ({exc})") from None

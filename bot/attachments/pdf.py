@@ -1,6 +1,7 @@
-"""A PDF's text, with pypdf (blocking: call it in a thread). Bounded: at most `MAX_PAGES`
-pages are read and reading stops once `max_chars` are collected; pypdf itself caps what
-one compressed stream may inflate to. A scanned PDF has no text layer: that is said."""
+"""A PDF's text, with pypdf (blocking: `keep.py` runs it in a reader process). Bounded: at
+most `MAX_PAGES` pages are read and reading stops once `max_chars` are collected; pypdf
+itself caps what one compressed stream may inflate to. A scanned PDF has no text layer:
+that is said."""
 
 from __future__ import annotations
 

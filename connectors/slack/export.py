@@ -15,6 +15,13 @@ already (same `<channel>:<ts>`) is not imported again. Scopes: a DM between a pe
 bot is private to that person (`private:slack:<team>:<user>`, the connector's owner id);
 channels, private channels, group DMs and DMs between two people are `channel:<id>`
 (seen only there).
+
+Each JSON file is parsed whole, so each is bounded before it is parsed (a zip of under a
+megabyte can hold gigabytes of `users.json`): at most `MAX_MEMBER` bytes decompressed
+(read no further, whatever the zip's header says), and at most `MAX_PARSED` bytes once
+parsed, estimated from its size and its count of values (commas and brackets: ten million
+`[]` are 30 MB of text but a gigabyte of lists). A file past either, or nested too deeply
+to parse, is a Problem and the rest of the export is still read.
 """
 
 from __future__ import annotations
@@ -47,12 +54,18 @@ DIRECTORY_FILES = frozenset({"users.json", "channels.json", "groups.json", "mpim
 MESSAGE_FILE = re.compile(r"^([^/]+)/(\d{4}-\d{2}-\d{2})\.json$")
 # Where the Slack connector records the messages it took in, each under "<channel>:<ts>".
 LIVE_CHANNELS = (routing.CHANNEL, routing.HISTORY_CHANNEL)
-MAX_MEMBER = 256 * 1024 * 1024
+MAX_MEMBER = 64 * 1024 * 1024  # decompressed bytes of one JSON file
+MAX_PARSED = 512 * 1024 * 1024  # what one file may become parsed (estimated before)
+VALUE_BYTES = 80  # one parsed JSON value, at most about (an empty list and its slot: 72)
 # What reading one damaged member of a zip can raise.
 DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError)
 _USER_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
 _CHANNEL_MENTION = re.compile(r"<#([CG][A-Z0-9]+)(?:\|([^>]*))?>")
 _SLACK_ID = re.compile(r"^[CDG][A-Z0-9]{6,}$")
+
+
+class Refused(Exception):
+    """A JSON file of the export not parsed: it would cost too much (`str()` says why)."""
 
 
 class Export:
@@ -90,8 +103,23 @@ class Export:
         return open(self.path / self._prefix / name, "rb")
 
     def load(self, name: str):
+        """The parsed JSON file `name`, or Refused (bounded as the module says)."""
+        if self.size(name) > MAX_MEMBER:
+            raise Refused(f"larger than {MAX_MEMBER} bytes decompressed; not read")
         with self.open(name) as f:
-            return json.load(f)
+            data = f.read(MAX_MEMBER + 1)
+        if len(data) > MAX_MEMBER:
+            raise Refused(f"larger than {MAX_MEMBER} bytes decompressed; not read")
+        values = data.count(b",") + data.count(b"[") + data.count(b"{")
+        if 3 * len(data) + VALUE_BYTES * values > MAX_PARSED:
+            raise Refused(f"too many values to parse ({values} commas and brackets, more "
+                          f"than {MAX_PARSED >> 20} MB parsed); not read")
+        try:
+            return json.loads(data)
+        except RecursionError:
+            raise Refused("nested too deeply to parse; not read") from None
+        except MemoryError:
+            raise Refused("needs more memory to parse than there is; not read") from None
 
     def close(self) -> None:
         if self._zip is not None:
@@ -138,6 +166,9 @@ class SlackExportReader:
             return iter(())
         try:
             value = export.load(name)
+        except Refused as exc:
+            self._setup_problems.append(Problem(name, str(exc)))
+            return iter(())
         except ValueError as exc:
             self._setup_problems.append(Problem(name, f"not JSON: {str(exc)[:200]}"))
             return iter(())
@@ -205,11 +236,11 @@ class SlackExportReader:
         size = export.size(name)
         folder = MESSAGE_FILE.match(name).group(1)
         try:
-            if size > MAX_MEMBER:
-                yield Problem(name, f"larger than {MAX_MEMBER} bytes")
-                return
             try:
                 messages = export.load(name)
+            except Refused as exc:
+                yield Problem(name, str(exc))
+                return
             except ValueError as exc:
                 yield Problem(name, f"not JSON: {str(exc)[:200]}")
                 return
