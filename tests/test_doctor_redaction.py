@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from bot.agent.apology import redact
+from bot.redact import redact
 from tests.fakes.llm_server import FakeLLMServer, Reply
 from tests.test_cli import steward, steward_env
 

@@ -12,13 +12,13 @@ import json
 import logging
 import time
 
-from bot.agent.apology import redact
 from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
 from bot.llm.errors import LLMError, TransientError
 from bot.llm.retry import stream_with_retries
 from bot.llm.types import Response
+from bot.redact import redact
 from bot.runtime import Effect, Policy, TaskContext
 from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes, is_unavailable

@@ -16,12 +16,12 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-from bot.agent.apology import redact
 from bot.agent.approval import ANSWERS
 from bot.agent.approval import KIND as APPROVAL
 from bot.agent.events import Event
 from bot.agent.inbox import submit_message
 from bot.app.wiring import App
+from bot.redact import redact
 from store import DONE, TERMINAL, WAITING, new_id
 
 POLL = 0.05

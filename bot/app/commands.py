@@ -497,11 +497,17 @@ def run(args) -> int:
 def _without_secrets(line: str, config: Config | None) -> str:
     """An error's line with every secret taken out: a server's error can echo the key it
     was sent (the config's own secrets by value, anything shaped like one by shape)."""
-    from bot.agent.apology import redact
-    from bot.app.doctor_checks import known_secrets
+    from bot.app.config_snapshot import Snapshot
+    from bot.redact import redact
 
-    try:
-        known = known_secrets(config, os.environ) if config is not None else ()
-    except Exception:  # noqa: BLE001 - redact by shape at least
-        known = ()
+    known = ()
+    # A reading command's snapshot: by shape only (the secrets' names need the full config,
+    # and loading it would cost those commands their fast start).
+    if config is not None and not isinstance(config, Snapshot):
+        from bot.app.doctor_checks import known_secrets
+
+        try:
+            known = known_secrets(config, os.environ)
+        except Exception:  # noqa: BLE001 - redact by shape at least
+            known = ()
     return redact(line, known)

@@ -6,7 +6,7 @@ and turns any exception into a failed row, so an unreachable server is a line in
 table, never a traceback. Checks that talk to servers run at the same time; the clock is
 read last, from the Date headers of the servers the others reached.
 
-No secret is printed: every row is redacted (`bot.agent.apology.redact`) of the values the
+No secret is printed: every row is redacted (`bot.redact.redact`) of the values the
 config reads and of anything shaped like a key, since a server's error may echo the key.
 
 Exit code: 0 when nothing failed, 2 when the config itself did not load (as every other
@@ -20,10 +20,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from bot.agent.apology import redact
 from bot.app import configfile
 from bot.app import doctor_checks as checks
 from bot.app.doctor_checks import FAIL, OK, WARN
+from bot.redact import redact
 
 DATABASE_SECONDS = 60.0  # integrity_check reads the whole file
 
