@@ -180,7 +180,7 @@ async def test_everything_in_place_passes(home, model, slack, account, smtp):
     code, rows, err = await doctor(home, **secrets(account))
     assert {name: r["status"] for name, r in rows.items()} == {
         "config": "ok", "secrets": "ok", "permissions": "ok", "service": "ok",
-        "limits": "ok", "database": "ok", "model": "ok",
+        "limits": "ok", "backup": "ok", "database": "ok", "model": "ok",
         "slack": "ok", "imap": "ok", "smtp": "ok", "clock": "ok"}, rows
     assert code == 0 and err == ""
     assert "revision" in rows["database"]["detail"] and "integrity ok" in rows["database"][
@@ -209,7 +209,7 @@ async def test_wrong_secrets_are_failed_rows_with_fixes(home, model, slack, acco
     assert_failed(rows, "imap", "no mailbox Sent Items")
     assert '"Sent"' in rows["imap"]["fix"]  # the server's own folders are offered
     assert rows["smtp"]["status"] == "ok"
-    assert err.startswith("steward: 3 of 11 checks failed: model: ") and len(
+    assert err.startswith("steward: 3 of 12 checks failed: model: ") and len(
         err.strip().splitlines()) == 1
 
     # the right token without two scopes; a wrong IMAP and SMTP password
@@ -330,7 +330,7 @@ async def test_a_broken_config_or_unset_secrets(home, model):
     assert_failed(rows, "config", f"{home / 'config.toml'}: [llm] temperature: unknown key")
     assert {r["status"] for name, r in rows.items() if name != "config"} == {"skip"}
     assert err.strip().splitlines() == [
-        f"steward: 1 of 11 checks failed: config: {home / 'config.toml'}: [llm] temperature: "
+        f"steward: 1 of 12 checks failed: config: {home / 'config.toml'}: [llm] temperature: "
         "unknown key"]
 
     write_config(home, model_url=model.url, slack_url="http://127.0.0.1:9/api/")

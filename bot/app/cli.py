@@ -161,6 +161,13 @@ def _parser() -> argparse.ArgumentParser:
     web.add_argument("--token", help="required of every request, 16 characters or more "
                      "(default: a random one each start, in the printed link); also "
                      "$STEWARD_WEB_TOKEN")
+    backup = sub.add_parser("backup", help="an online, verified snapshot of the home "
+                            "(while `run` keeps answering)")
+    backup.add_argument("--to", metavar="DIR", help="where (default: [backup] dir, else "
+                        "<home>/backups)")
+    backup.add_argument("--verify", metavar="BACKUP", help="check a backup instead of "
+                        "taking one")
+    backup.add_argument("--json", action="store_true", help="print the result as JSON")
     _setup_commands(sub)
     return p
 

@@ -330,6 +330,12 @@ async def _import(config: Config, args) -> int:
     return await import_command(config, args)
 
 
+async def _backup(config: Config, args) -> int:
+    from bot.app.backup_command import backup_command
+
+    return await backup_command(config, args)
+
+
 async def _web(config: Config, args) -> int:
     from bot.app.inspector.server import serve  # aiohttp's web stack only for this command
 
@@ -351,6 +357,7 @@ COMMANDS = {
     "quarantine": _quarantine,
     "usage": _usage,
     "fork": _fork, "doc": _doc, "web": _web, "facts": _facts,
+    "backup": _backup,
 }
 
 # -- errors as one line ------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from bot import config as core
+from bot.app.backup_config import BackupConfig
 from bot.app.config_snapshot import remember
 from bot.config import ConfigError, find_config_path, resolve_home  # noqa: F401 (re-exported)
 from bot.config_source import Found, locate
@@ -19,6 +20,7 @@ from connectors.slack.config import SlackConfig
 class StewardConfig(core.Config):
     slack: SlackConfig = Field(default_factory=SlackConfig)
     email: EmailConfig = Field(default_factory=EmailConfig)
+    backup: BackupConfig = Field(default_factory=BackupConfig)
 
 
 def load_config(cli_config: str | None = None, cli_home: str | None = None,

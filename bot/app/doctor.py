@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from bot.app import configfile
 from bot.app import doctor_checks as checks
+from bot.app.backup_schedule import backup_check
 from bot.app.doctor_checks import FAIL, OK, WARN
 from bot.redact import redact
 
@@ -66,6 +67,7 @@ async def run(args, env=os.environ) -> int:
         rows.append(await _timed("permissions", checks.permissions, ctx, ctx.timeout))
         rows.append(await _timed("service", checks.running, ctx, ctx.timeout))
         rows.append(await _timed("limits", checks.limits, ctx, ctx.timeout))
+        rows.append(await _timed("backup", backup_check, ctx, ctx.timeout))
         rows += await asyncio.gather(
             _timed("database", checks.database, ctx, DATABASE_SECONDS),
             _timed("model", checks.model, ctx, ctx.timeout),

@@ -20,6 +20,7 @@ from bot.agent.llm_call import LLMCall
 from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
 from bot.app import allocator, taskdump
+from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
 from bot.app.opened import opened_store
 from bot.app.systemd import Notifier
@@ -161,6 +162,9 @@ async def run_forever(config: Config) -> int:
         # (its first pass catches up what was missed while Steward was down).
         scheduler = Scheduler(app.deps, health=app.health.loop("scheduler"))
         loops["scheduler"] = asyncio.create_task(scheduler.run(), name="scheduler")
+        if config.backup.every_seconds:  # [backup] every: bot/app/backup_schedule.py
+            loops["backup"] = asyncio.create_task(
+                keep_backing_up(config, app.health.loop("backup")), name="backup")
         app.mcp.start()  # kept up from now on, restarted when they die
         for connector in app.connectors:
             await connector.start()
@@ -181,8 +185,9 @@ async def run_forever(config: Config) -> int:
                          name, f": {describe(exc)}" if exc else "", exc_info=exc)
         signalled.cancel()
         notifier.stopping()
-        for task in (loops["memory trim"], loops["health"]):
-            task.cancel()
+        for name in ("memory trim", "health", "backup"):  # these never end by themselves
+            if name in loops:
+                loops[name].cancel()
         for connector in app.connectors:
             await connector.stop()
         scheduler.stop()
