@@ -132,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     imports.add_argument("--format", choices=["jsonl", "slack", "mbox"],
                          help="default: guessed from the file")
     imports.add_argument("--json", action="store_true", help="print the summary as JSON")
+    export = sub.add_parser("export", help="conversations as JSONL that import reads back, "
+                            "plus Markdown, documents and attachments")
+    whose = export.add_mutually_exclusive_group()
+    whose.add_argument("--session", type=_key, help="one conversation (default: all)")
+    whose.add_argument("--person", help="one person's: private to them or owned by them")
+    export.add_argument("--to", metavar="PATH", help="a new directory (default: "
+                        "./steward-export-<date>)")
+    export.add_argument("--json", action="store_true", help="print the summary as JSON")
     compact = sub.add_parser("compact", help="summarise a conversation's old history now")
     compact.add_argument("key")
     tasks = listing("tasks", "tasks by state")

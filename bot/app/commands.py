@@ -324,6 +324,12 @@ async def _search(config: Config, args) -> int:
     return await search_command(config, args)
 
 
+async def _export(config: Config, args) -> int:
+    from bot.app.export import export_command
+
+    return await export_command(config, args)
+
+
 async def _import(config: Config, args) -> int:
     from bot.app.importers import import_command
 
@@ -353,6 +359,7 @@ COMMANDS = {
     "compact": _compact,
     "search": _search,
     "import": _import,
+    "export": _export,
     "db": _db, "tasks": _tasks, "sessions": _sessions, "schedules": _schedules, "log": _log,
     "quarantine": _quarantine,
     "usage": _usage,

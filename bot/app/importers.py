@@ -9,7 +9,9 @@ The input is streamed: a JSONL line, a Slack export member or an mbox message at
 parsed off the event loop in chunks (the next chunk is parsed while the last is being
 committed). Malformed records are counted and reported with where they were, never fatal to the
 import (the command still exits 1 when there were any, and says how many).
-Imported entries keep their original timestamps and join live conversations by key.
+Imported entries keep their original timestamps and join live conversations by key. The
+files a `steward export` wrote beside its JSONL (attachments) go into the home's blob store
+before the entries that refer to them, each checked against its SHA-256.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bot.attachments.blobs import BlobStore, read_blob
 from bot.importers.jsonl import JsonlReader
 from bot.importers.model import Item, Problem, Skip
 from bot.importers.progress import Progress
@@ -82,6 +85,7 @@ class ImportReport:
     problems: list[Problem] = field(default_factory=list)  # the first LISTED_PROBLEMS
     seconds: float = 0.0
     dry_run: bool = False
+    files: int = 0  # attachments' files put in the blob store (an export's)
 
     def problem(self, p: Problem) -> None:
         self.malformed += 1
@@ -106,7 +110,7 @@ class ImportReport:
                 "skipped": dict(self.skipped), "malformed": self.malformed,
                 "problems": [p.as_dict() for p in self.problems],
                 "seconds": round(self.seconds, 3), "rate": round(self.rate, 1),
-                "dry_run": self.dry_run}
+                "dry_run": self.dry_run, "files": self.files}
 
 
 def make_reader(fmt: str, path: Path, *, owner_address: str = ""):
@@ -124,6 +128,21 @@ def make_reader(fmt: str, path: Path, *, owner_address: str = ""):
     raise ImportFailed(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
+async def _keep_files(blobs: BlobStore, items: list[Item], report: ImportReport) -> None:
+    """Put the files the items name into the blob store (one file in memory at a time)."""
+    for item in items:
+        for sha, path in item.files:
+            data = await asyncio.to_thread(read_blob, path, sha)
+            if data is None:
+                missing = not await asyncio.to_thread(path.is_file)
+                report.problem(Problem(f"{item.key} #{item.seq}", f"attachment {path.name}: "
+                                       + ("no such file" if missing
+                                          else "its bytes do not match its sha256")))
+                continue
+            await blobs.put(data)
+            report.files += 1
+
+
 def _take(records: Iterator, reader, n: int) -> tuple[list, int]:
     """The next up to `n` records and how far into the input they reach (blocking)."""
     chunk = []
@@ -136,9 +155,11 @@ def _take(records: Iterator, reader, n: int) -> tuple[list, int]:
 
 async def import_file(store: Store, path: Path | str, fmt: str | None = None, *,
                       owner_address: str = "", progress: Progress | None = None,
-                      chunk: int = CHUNK, dry_run: bool = False) -> ImportReport:
+                      chunk: int = CHUNK, dry_run: bool = False,
+                      blobs: BlobStore | None = None) -> ImportReport:
     """Import one file into `store`; safe to repeat (what was imported is skipped). A dry
-    run reads and checks the whole file and counts what would be new, writing nothing."""
+    run reads and checks the whole file and counts what would be new, writing nothing.
+    `blobs`: where the attachments' files an export names go (None: they are not read)."""
     path = Path(path)
     if not await asyncio.to_thread(path.exists):
         raise ImportFailed(f"{path}: no such file")
@@ -168,6 +189,8 @@ async def import_file(store: Store, path: Path | str, fmt: str | None = None, *,
                 else:
                     report.problem(record)
             report.read += len(items)
+            if blobs is not None and not dry_run:
+                await _keep_files(blobs, items, report)
             written = await writer.write(items)
             report.added += written.added
             report.duplicates += written.duplicates
@@ -233,7 +256,8 @@ async def import_command(config, args) -> int:
         try:
             report = await import_file(store, path, fmt, owner_address=config.email.address,
                                        progress=progress,
-                                       dry_run=bool(getattr(args, "dry_run", False)))
+                                       dry_run=bool(getattr(args, "dry_run", False)),
+                                       blobs=BlobStore.of_home(config.home))
         finally:
             await store.close()
     finally:

@@ -20,10 +20,10 @@ MAX_SCOPE = 256
 @dataclass(slots=True)
 class Item:
     key: str  # the conversation key (joins live conversations: same scheme as connectors)
-    kind: str  # "user" or "assistant"
+    kind: str  # "user" or "assistant" (a Steward export's line: any entry kind)
     text: str
     author: str | None
-    ref: str  # stored on the entry
+    ref: str | None  # stored on the entry
     external_id: str  # deduplicates it forever on channel "import:<format>"
     created_at: float | None  # when it was said (unix seconds); None: unknown
     owner: str | None = None
@@ -35,6 +35,16 @@ class Item:
     # Where the message goes instead when the conversation at `key` belongs to someone
     # else than `owner` (mail: one thread per person, as the email connector does).
     foreign_key: str | None = None
+    # A Steward export's line (bot/importers/jsonl.py): where the entry was, the task that
+    # wrote it, and the attachments' files for the home's blob store, as (sha256, path).
+    seq: int | None = None  # its position in the conversation it was exported from
+    task_id: str | None = None
+    files: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def head(self) -> bool:
+        """A compaction summary is a head marker: the model's context starts there."""
+        return self.kind == "compaction"
 
 
 @dataclass(slots=True)

@@ -9,6 +9,10 @@ running at the same moment), the batch is re-checked and, failing that, committe
 message at a time. A message the database refuses is reported as a problem and the rest
 of its batch is kept.
 
+An exported entry (`Item.seq`) is also already there when the conversation of its key
+holds the same entry (kind, time to the microsecond, text) at its position: an export
+imported back into the home it came from adds nothing.
+
 A dry run only asks which ids are known (so it counts what an import would add, except
 repeats of one message far apart in the file) and writes nothing.
 """
@@ -21,9 +25,10 @@ from dataclasses import dataclass, field
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from bot.importers.model import Item, Problem
-from store import Store, Writes
+from store import NotFound, Store, Writes
 
 CONVERSATION_CACHE = 4096
+PLACES = 2000  # positions compared at most per conversation and batch (a batch is 500)
 
 
 def _refused(exc: Exception) -> bool:
@@ -82,7 +87,33 @@ class BatchWriter:
                 continue
             known.add(item.external_id)
             fresh.append(item)
-        return fresh
+        return await self._not_in_place(fresh)
+
+    async def _not_in_place(self, items: list[Item]) -> list[Item]:
+        """`items` without the exported entries their conversation holds at their place."""
+        placed: dict[str, list[Item]] = defaultdict(list)
+        for item in items:
+            if item.seq is not None:
+                placed[item.key].append(item)
+        there: set[int] = set()  # id() of the items found in place
+        for key, group in placed.items():
+            try:
+                conv = await self.store.get_conversation(key)
+            except NotFound:
+                continue
+            low = min(i.seq for i in group)
+            if conv.last_seq < low:
+                continue  # the common case, a new home: nothing at these places yet
+            span = min(max(i.seq for i in group) - low + 1, PLACES)
+            page = await self.store.entries_page(conv.id, after=low - 1, limit=span)
+            at = {e.seq: e for e in page}
+            for item in group:
+                e = at.get(item.seq)
+                if e is not None and (e.kind, e.text) == (item.kind, item.text) and \
+                        item.created_at is not None and \
+                        round(e.created_at * 1e6) == round(item.created_at * 1e6):
+                    there.add(id(item))
+        return [i for i in items if id(i) not in there] if there else items
 
     async def _writes(self, items: list[Item]) -> Writes:
         w = Writes()
@@ -90,7 +121,8 @@ class BatchWriter:
             cid = await self._conversation(item)
             w.submit(self.channel, item.external_id, conversation_id=cid)
             w.append(cid, item.kind, item.text, author=item.author, ref=item.ref,
-                     data=item.data, created_at=item.created_at)
+                     data=item.data, created_at=item.created_at, task_id=item.task_id,
+                     head=item.head)
         return w
 
     async def write(self, items: list[Item]) -> BatchResult:
@@ -125,7 +157,7 @@ class BatchWriter:
                 if not _refused(exc):
                     raise
                 reason = str(getattr(exc, "orig", None) or exc)
-                result.problems.append(Problem(f"ref {item.ref}",
+                result.problems.append(Problem(f"ref {item.ref or item.external_id}",
                                                f"the store refused it: {reason[:200]}"))
                 continue
             if outcome.duplicate:
