@@ -38,9 +38,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from store import revision
-from store.errors import StoreError
+from store.errors import NewerSchema, SnapshotFailed, StoreError
 from store.outage import is_unavailable
 from store.read_pool import SqliteReaders
+from store.wal_guard import Marks
 from store.writer import SqliteWriter
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -59,6 +60,7 @@ class Engines:
     read: AsyncEngine
     dialect: str
     writer: SqliteWriter | None = None  # SQLite: the store's own write transactions
+    sqlite_file: Path | None = None  # SQLite: the database's file (None: in memory)
     readers: SqliteReaders | None = None  # SQLite (a file): the store's own reads
     lookups: AsyncEngine | None = None  # PostgreSQL: the store's own reads (see below)
     pg_dsn: str | None = None  # PostgreSQL: for the hot path's pool
@@ -239,12 +241,13 @@ def create_engines(url_text: str) -> Engines:
             _private_database_files(Path(database))
         write = _sqlite_engine(url, immediate=True, pool_size=1)
         read = _sqlite_engine(url, immediate=False, pool_size=4)
-        writer = SqliteWriter(lambda: _writer_connection(database or ":memory:"))
-        readers = None
+        readers = marks = None
         if database and database != ":memory:":  # one database only when it is a file
             readers = SqliteReaders(lambda: _reader_connection(database))
+            marks = Marks(Path(database))
+        writer = SqliteWriter(lambda: _writer_connection(database or ":memory:"), marks=marks)
         return Engines(write=write, read=read, dialect="sqlite", writer=writer,
-                       readers=readers)
+                       readers=readers, sqlite_file=Path(database) if marks else None)
     if backend == "postgresql":
         connect_args = {}
         schema = url.query.get("schema")
@@ -280,31 +283,106 @@ def _upgrade(sync_conn, revision: str) -> None:
     command.upgrade(cfg, revision)
 
 
-def _target(revision: str) -> str:
+def _scripts():
     from alembic.config import Config as AlembicConfig
     from alembic.script import ScriptDirectory
 
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    return ScriptDirectory.from_config(cfg).get_revision(revision).revision
+    return ScriptDirectory.from_config(cfg)
 
 
-async def migrate(engines: Engines, revision: str = "head") -> None:
+def _target(revision: str) -> str:
+    return _scripts().get_revision(revision).revision
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What `migrate` found and did: the revision before (None: a database with no schema
+    yet), the one after, and the snapshot taken before migrating (None: nothing to keep,
+    none asked for, or nothing to migrate)."""
+
+    before: str | None
+    after: str
+    snapshot: Path | None = None
+
+    @property
+    def migrated(self) -> bool:
+        return self.before != self.after
+
+
+async def migrate(engines: Engines, revision: str = "head", *,
+                  snapshot_dir: Path | None = None) -> Upgrade:
     """Apply pending migrations in one transaction (several processes may race here).
+
+    With `snapshot_dir`, a database that has a schema already is copied there first
+    (store/snapshot.py), under the migration lock, and is not migrated if that fails
+    (`SnapshotFailed`). A database at a revision this build does not know was migrated by
+    a newer Steward: refused (`NewerSchema`), never downgraded.
 
     A revision that commits as it goes (0008) lets another process in between its steps;
     the one beaten to the end fails, rolls back, and finds the database where it wanted it.
     """
+    before = await current_revision(engines)
+    scripts = _scripts()
+    target = scripts.get_revision(revision).revision
+    if before is not None and before not in {s.revision for s in scripts.walk_revisions()}:
+        raise NewerSchema(_newer(engines, before, scripts.get_current_head()))
+    if before == target:
+        return Upgrade(before, target)
+    snapshot = None
     try:
         async with engines.write.begin() as conn:
             if engines.dialect == "postgresql":
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"),
                                    {"k": _MIGRATION_LOCK})
+            if before is not None and snapshot_dir is not None:
+                # Under the lock: another process may have migrated it meanwhile.
+                now = (await conn.execute(text("SELECT version_num FROM alembic_version"))
+                       ).scalar()
+                if now != target:
+                    snapshot = await _snapshot(engines, snapshot_dir, now, target)
             await conn.run_sync(_upgrade, revision)
+    except SnapshotFailed:
+        raise
     except Exception:
-        if await current_revision(engines) != _target(revision):
+        if await current_revision(engines) != target:
             raise
         log.info("another process finished the migration to %s meanwhile", revision)
+    return Upgrade(before, target, snapshot)
+
+
+async def _snapshot(engines: Engines, directory: Path, before: str, after: str) -> Path | None:
+    from store import snapshot
+
+    if engines.dialect == "sqlite":
+        if engines.sqlite_file is None:  # in memory: nothing outlives the process anyway
+            return None
+        path = await asyncio.to_thread(snapshot.take_sqlite, engines.sqlite_file, directory,
+                                       before, after)
+    else:
+        path = await asyncio.to_thread(snapshot.take_postgres, engines.pg_dsn,
+                                       engines.pg_settings.get("search_path"), directory,
+                                       before, after)
+    log.warning("migrating the database from %s to %s; a snapshot of it as it was is in %s",
+                before, after, path)
+    return path
+
+
+def _newer(engines: Engines, found: str, head: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        build = f"steward {version('steward')}"
+    except PackageNotFoundError:
+        build = "this build"
+    where = (str(engines.sqlite_file) if engines.sqlite_file is not None
+             else "in memory" if engines.dialect == "sqlite"
+             else make_url(engines.pg_dsn).render_as_string(hide_password=True))
+    return (f"the database ({where}) was written by a newer Steward: its schema is at "
+            f"revision {found}, and {build} knows revisions up to {head}; upgrade Steward "
+            "to the version that wrote it (or restore the snapshot taken before that "
+            "upgrade); nothing was changed")
 
 
 async def current_revision(engines: Engines) -> str | None:

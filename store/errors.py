@@ -9,6 +9,9 @@ StoreError
  |    +-- OpError           an op that does not apply to its value (documents/ops.py)
  |    +-- StaleError        a tracked part of a draft used after it left it (documents/draft.py)
  +-- NotFound           a conversation, task or document that does not exist
+ +-- NewerSchema        the database was migrated by a newer Steward than this one
+ +-- SnapshotFailed     no snapshot before a migration, so no migration (store/snapshot.py)
+ +-- LostCommits        the database is older than its home last saw (store/wal_guard.py)
 """
 
 
@@ -58,3 +61,22 @@ class DocumentConflict(DocumentError):
 
 class NotFound(StoreError):
     pass
+
+
+class NewerSchema(StoreError):
+    """The database's schema revision is unknown to this build: a newer Steward wrote it.
+    It is refused, never downgraded."""
+
+
+class SnapshotFailed(StoreError):
+    """No snapshot of the database could be taken before a migration, so it was not
+    migrated (nothing changed)."""
+
+
+class LostCommits(StoreError):
+    """The database lacks commits that its home saw land (a deleted -wal after a crash).
+    `loss` says how far behind it is."""
+
+    def __init__(self, message: str, loss):
+        super().__init__(message)
+        self.loss = loss

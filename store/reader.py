@@ -108,11 +108,12 @@ async def open_reader(url: str) -> Reader | None:
     return Reader(conn)
 
 
-async def open_for_reading(url: str):
-    """A `Reader` where one will do, else the migrated `Store` (the same reads)."""
+async def open_for_reading(url: str, **options):
+    """A `Reader` where one will do, else the migrated `Store` (the same reads; `options`
+    are `open_store`'s)."""
     reader = await open_reader(url)
     if reader is not None:
         return reader
     from store import open_store
 
-    return await open_store(url)
+    return await open_store(url, **options)

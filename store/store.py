@@ -1,7 +1,9 @@
 """`Store`: the one entry point to durable state. Open it with `open_store(url)`."""
 
+import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, insert, select, text
@@ -16,8 +18,9 @@ from store import reads as _reads
 from store import schedules as _schedules
 from store import steps as _steps
 from store import tasks as _tasks
+from store import wal_guard
 from store.documents import versions as _versions
-from store.engine import Engines, create_engines, migrate
+from store.engine import Engines, Upgrade, create_engines, migrate
 from store.errors import NotFound
 from store.outage import is_unavailable
 from store.records import (
@@ -57,17 +60,37 @@ def conversation_namespace(conversation_id: int) -> str:
     return f"conversation:{conversation_id}"
 
 
-async def open_store(url: str, *, upgrade: bool = True) -> "Store":
+async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | None = None,
+                     snapshot: bool = True) -> "Store":
+    """The store at `url`, migrated to this build's schema first (`upgrade`).
+
+    An SQLite file that lost commits its home saw land is refused (`LostCommits`,
+    store/wal_guard.py) before anything is written. A database behind is copied to
+    `snapshot_dir` before it is migrated (store/snapshot.py; default: `snapshots/` beside
+    an SQLite file, none for PostgreSQL, whose callers in Steward always name one), unless
+    `snapshot` is False (the owner backed it up); `Store.upgrade` says what was done."""
     engines = create_engines(url)
-    if upgrade and not await at_head(engines):  # at head: Alembic is not even loaded
-        await migrate(engines)
-    return Store(engines)
+    try:
+        if engines.sqlite_file is not None:
+            await asyncio.to_thread(wal_guard.verify, engines.sqlite_file)
+        upgrade_done = None
+        if upgrade and not await at_head(engines):  # at head: Alembic is not even loaded
+            if snapshot_dir is None and engines.sqlite_file is not None:
+                snapshot_dir = engines.sqlite_file.parent / "snapshots"
+            upgrade_done = await migrate(engines, snapshot_dir=snapshot_dir if snapshot else None)
+    except BaseException:
+        await engines.dispose()
+        raise
+    store = Store(engines)
+    store.upgrade = upgrade_done
+    return store
 
 
 class Store:
     def __init__(self, engines: Engines):
         self._engines = engines
         self.dialect = engines.dialect
+        self.upgrade: Upgrade | None = None  # what `open_store` migrated, if anything
         self._liveness: dict = {}  # runner owner -> the connection holding its liveness lock
         self._writer = engines.writer  # SQLite: every write transaction of the store
         self._readers = engines.readers  # SQLite: the store's own reads

@@ -7,6 +7,9 @@ that found nobody queued behind it is the whole transaction, and needs none); ev
 is answered only after the group's COMMIT. One fsync then carries many steps, and
 nothing is acknowledged before it is durable (the connection runs `synchronous=FULL`).
 
+With `marks` (store/wal_guard.py), a transaction at most once a second also raises the
+database's commit mark before its COMMIT, and the home's note of it is written after.
+
 A job is a plain function of a `Session`, called on the writer thread. Code written for an
 async connection (`store/commit.py`) runs through `Session.inline`: its `execute` returns
 at once, so the coroutine finishes in one step without an event loop.
@@ -24,6 +27,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
 from store.plain import InlineSqlite
+from store.wal_guard import Marks
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,9 @@ class Session:
 
 
 class SqliteWriter:
-    def __init__(self, connect: Callable[[], sqlite3.Connection]):
+    def __init__(self, connect: Callable[[], sqlite3.Connection], *, marks: Marks | None = None):
         self._connect = connect  # opens and configures the connection (on the thread)
+        self._marks = marks
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -170,8 +175,7 @@ class SqliteWriter:
                 continue
             raw.execute("RELEASE job")
             landed.append(i)
-        raw.execute("COMMIT")
-        self.transactions += 1
+        self._commit(raw)
         return answers
 
     def _alone(self, raw: sqlite3.Connection, session: Session, fn) -> tuple:
@@ -184,9 +188,15 @@ class SqliteWriter:
             if raw.in_transaction:  # else SQLite rolled it back itself
                 raw.execute("ROLLBACK")
             return None, exc
+        self._commit(raw)
+        return value, None
+
+    def _commit(self, raw: sqlite3.Connection) -> None:
+        mark = self._marks.stamp(raw) if self._marks is not None else None
         raw.execute("COMMIT")
         self.transactions += 1
-        return value, None
+        if mark is not None:
+            self._marks.stamped(mark)
 
     @staticmethod
     def _answer(answers) -> None:

@@ -98,7 +98,10 @@ def _parser() -> argparse.ArgumentParser:
         def add_parser(name, **kw):
             return subparsers.add_parser(name, parents=[common], **kw)
 
-    sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
+    run = sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
+    run.add_argument("--accept-data-loss", action="store_true",
+                     help="start although the SQLite database lost commits this home saw "
+                     "(a deleted -wal after a crash): go on with it as it is")
     sub.add_parser("resume", help="finish all interrupted or pending work, then exit")
     chat = sub.add_parser("chat", help="talk to the agent in the terminal")
     chat.add_argument("--session", type=_key, default=DEFAULT_SESSION)
@@ -108,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("text", nargs="+")
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=["upgrade"])
+    db.add_argument("--no-snapshot", action="store_true",
+                    help="migrate without a snapshot first (only after backing the "
+                    "database up yourself, e.g. where pg_dump is missing)")
 
     def listing(name, help_):
         sp = sub.add_parser(name, help=help_)

@@ -226,14 +226,16 @@ async def _doc(config: Config, args) -> int:
 
 
 async def _db(config: Config, args) -> int:
-    from store.engine import create_engines, migrate
-
-    engines = create_engines(config.store_url)
-    try:
-        await migrate(engines)
-    finally:
-        await engines.dispose()
-    print("database is up to date")
+    """`steward db upgrade [--no-snapshot]`: migrate now, after a snapshot (store/snapshot.py)."""
+    async with opened_store(config, snapshot=not args.no_snapshot) as store:
+        upgrade = store.upgrade
+    if upgrade is None or not upgrade.migrated or upgrade.before is None:  # (None: new)
+        print("database is up to date")
+    elif upgrade.snapshot is not None:
+        print(f"database migrated from {upgrade.before} to {upgrade.after}; a snapshot of it "
+              f"as it was is in {upgrade.snapshot}")
+    else:
+        print(f"database migrated from {upgrade.before} to {upgrade.after} (no snapshot taken)")
     return 0
 
 
@@ -303,7 +305,21 @@ async def _ask(config: Config, args) -> int:
 async def _run(config: Config, args) -> int:
     from bot.app import wiring
 
+    if args.accept_data_loss:
+        await _accept_data_loss(config)
     return await wiring.run_forever(config)
+
+
+async def _accept_data_loss(config: Config) -> None:
+    """`run --accept-data-loss`: an SQLite database behind what its home saw (a deleted
+    -wal, store/wal_guard.py) is taken as it is, from now on; said once, on stderr."""
+    from store.reader import sqlite_path
+    from store.wal_guard import accept
+
+    path = sqlite_path(config.store_url)
+    if path is not None and (loss := await asyncio.to_thread(accept, path)) is not None:
+        print(f"steward: accepted the loss: {loss.detail()}; going on with the database as "
+              "it is", file=sys.stderr, flush=True)
 
 
 async def _resume(config: Config, args) -> int:

@@ -209,7 +209,14 @@ def _revision_says(revision: str | None) -> tuple[str, str, str] | None:
 def _sqlite(path: Path) -> tuple[str, str, str]:
     """Read-only, through the standard library: doctor never creates or migrates it."""
     from store.revision import HEAD
+    from store.wal_guard import inspect
 
+    try:
+        loss = inspect(path)  # behind what the home saw: a -wal deleted after a crash
+    except sqlite3.Error:  # damage: said below
+        loss = None
+    if loss is not None:
+        return FAIL, loss.detail(), loss.remedy()
     if not path.exists():
         return OK, f"{path} not created yet (made at the first start)", ""
     recover = (f"stop Steward, keep a copy, then `sqlite3 {path} .recover | sqlite3 "

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bot.app.opened import snapshot_dir
 from bot.attachments.blobs import BlobStore, read_blob
 from bot.importers.jsonl import JsonlReader
 from bot.importers.model import Item, Problem, Skip
@@ -252,7 +253,7 @@ async def import_command(config, args) -> int:
     path, fmt = await asyncio.to_thread(_locate, args.file, args.format)
     progress = Progress(f"importing {path.name} ({fmt})")
     try:
-        store = await open_store(config.store_url)
+        store = await open_store(config.store_url, snapshot_dir=snapshot_dir(config))
         try:
             report = await import_file(store, path, fmt, owner_address=config.email.address,
                                        progress=progress,

@@ -9,21 +9,27 @@ from bot.home import make_private
 
 
 @asynccontextmanager
-async def _opened(config, open_fn):
+async def _opened(config, open_fn, **options):
     await asyncio.to_thread(make_private, config.home)
-    store = await open_fn(config.store_url)
+    store = await open_fn(config.store_url, snapshot_dir=snapshot_dir(config), **options)
     try:
         yield store
     finally:
         await store.close()
 
 
-def opened_store(config):
+def snapshot_dir(config):
+    """Where the database is copied before a migration (store/snapshot.py)."""
+    return config.home / "snapshots"
+
+
+def opened_store(config, **options):
     """A database at this build's schema opens without Alembic (store.revision); one
-    behind is migrated first, as every start does."""
+    behind is migrated first, as every start does, after a snapshot of it in the home's
+    `snapshots/` (`options`: `open_store`'s, e.g. `snapshot=False`)."""
     from store import open_store
 
-    return _opened(config, open_store)
+    return _opened(config, open_store, **options)
 
 
 def opened_reader(config):

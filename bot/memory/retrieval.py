@@ -135,7 +135,8 @@ async def search_command(config, args) -> int:
     query = " ".join(args.query) if isinstance(args.query, list | tuple) else args.query
     limit = args.limit if getattr(args, "limit", None) else 10
     zone = await _zone(config.agent.timezone)
-    store = await open_for_reading(config.store_url)
+    store = await open_for_reading(config.store_url,  # snapshots as bot/app/opened.py
+                                   snapshot_dir=config.home / "snapshots")
     try:
         async with _embeddings.from_config(config) as embedder:
             hits = await remember(store, query, conversation_key=getattr(args, "session", None),
