@@ -7,7 +7,7 @@ new) goes through `migrate`. `tests/test_cli_startup.py` keeps `HEAD` equal to t
 of `store/migrations/versions/`: a new migration fails that test until `HEAD` names it.
 """
 
-HEAD = "0016"
+HEAD = "0017"
 
 
 async def current(engines) -> str | None:

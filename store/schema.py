@@ -261,3 +261,17 @@ schedules = Table(
     Column("origin", SafeText),  # why its words are outside text (migration 0016); NULL: own
     Index("ix_schedules_state_next", "state", "next_fire_at"),
 )
+
+# One row per `steward forget` (migration 0017, store/forget.py): what kind of thing went,
+# the SHA-256 of its name, how many of each kind, the blobs still to delete; no content.
+forgotten = Table(
+    "forgotten",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("kind", SafeString(16), nullable=False),
+    Column("target", SafeString(64), nullable=False),
+    Column("counts", SafeText, nullable=False),
+    Column("blobs", SafeText),
+    Column("created_at", Float, nullable=False),
+    Column("reclaimed_at", Float),
+)

@@ -8,8 +8,9 @@ the source of truth:
 
 - the file's name carries the `entry_vectors` rowid it covers up to, its size and the
   sha256 of its bytes (`<model>.<rowid>.<bytes>.<sha256, 32 hex>.usearch`; see "Damage"
-  below); rowids only grow (SQLite has one writer, and no vector row is ever deleted), so the
-  vectors stored since are exactly those with a larger rowid. Each search reads them first
+  below); rowids only grow (SQLite has one writer, and a vector row is deleted only by
+  `steward forget`, which then removes every file: `discard`), so the vectors stored since
+  are exactly those with a larger rowid. Each search reads them first
   (`_catch_up`) into an in-memory tail compared exactly; past `TAIL_MAX` of them, the file
   is rebuilt with them, in the background: written to a temporary name, fsynced, renamed
   (atomic), the older file removed. A process killed at any instant leaves the old file,
@@ -405,6 +406,32 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+def discard(directory: Path) -> int:
+    """Every index file in `directory` removed (done, damaged or half-written), and this
+    process's indexes of it forgotten; returns how many files went. After a forget
+    (store/reclaim.py): the files hold the forgotten entries' vectors, and the next search
+    builds them again from `entry_vectors`. Blocking: run it in a thread."""
+    with _OPEN_LOCK:
+        mine = [key for key in _OPEN if key[0] == str(directory)]
+        indexes = [_OPEN.pop(key) for key in mine]
+    for ix in indexes:
+        if ix.builder is not None:
+            ix.builder.join()
+    removed = 0
+    if not directory.is_dir():
+        return 0
+    for pattern in ("*.usearch", "*.damaged", ".*.tmp"):
+        for path in directory.glob(pattern):
+            try:
+                path.unlink()
+                removed += 1
+            except FileNotFoundError:
+                continue
+    if removed:
+        _fsync_dir(directory)
+    return removed
 
 
 async def idle() -> None:

@@ -117,6 +117,10 @@ SPECIFIC = [
     (["doctor", "--timeout", "soon"], 2, "not a number of seconds"),
     (["service"], 2, "the following arguments are required: action"),
     (["service", "restart"], 2, "invalid choice"),
+    (["forget"], 2, "one of the arguments --session --person is required"),
+    (["forget", "--session", "cli:demo", "--person", "ana"], 2, "not allowed with argument"),
+    (["forget", "--session", "cli:nope", "--dry-run"], 1, "no conversation 'cli:nope'"),
+    (["forget", "--session", " ", "--yes"], 2, "--session needs a conversation key"),
     (["--limit", "3"], 2, None),
     (["sessions", "--no-such-option"], 2, "unrecognized arguments"),
 ]
@@ -149,7 +153,8 @@ async def test_every_command_with_a_broken_config(home):
 ARGS = {"ask": ["hello"], "context": ["cli:demo"], "compact": ["cli:demo"],
         "search": ["roof"], "import": ["good.jsonl"], "log": ["cli:demo"],
         "fork": ["cli:demo"], "doc": ["cli:demo", "todo"], "db": ["upgrade"],
-        "init": ["--yes"], "service": ["install", "--print"]}
+        "init": ["--yes"], "service": ["install", "--print"],
+        "forget": ["--person", "ana", "--dry-run"]}
 # Commands that never open the store: `init` writes the config (here it refuses to replace
 # the one that exists) and `service` installs what will run Steward. Their bad input is in
 # SPECIFIC and tests/test_init.py, tests/test_service.py.

@@ -182,6 +182,15 @@ def _parser() -> argparse.ArgumentParser:
     backup.add_argument("--verify", metavar="BACKUP", help="check a backup instead of "
                         "taking one")
     backup.add_argument("--json", action="store_true", help="print the result as JSON")
+    forget = sub.add_parser("forget", help="remove a conversation or a person everywhere, "
+                            "space reclaimed (a dry run lists what goes)")
+    gone = forget.add_mutually_exclusive_group(required=True)
+    gone.add_argument("--session", help="one conversation (with its forks)")
+    gone.add_argument("--person", help="a person's id: their private and owned "
+                      "conversations, their messages elsewhere, facts, schedules, blobs")
+    forget.add_argument("--dry-run", action="store_true", help="list what would go; "
+                        "change nothing")
+    forget.add_argument("-y", "--yes", action="store_true", help="do not ask for a yes")
     _setup_commands(sub)
     return p
 

@@ -358,6 +358,12 @@ async def _backup(config: Config, args) -> int:
     return await backup_command(config, args)
 
 
+async def _forget(config: Config, args) -> int:
+    from bot.app.forget import forget_command
+
+    return await forget_command(config, args)
+
+
 async def _web(config: Config, args) -> int:
     from bot.app.inspector.server import serve  # aiohttp's web stack only for this command
 
@@ -381,6 +387,7 @@ COMMANDS = {
     "usage": _usage,
     "fork": _fork, "doc": _doc, "web": _web, "facts": _facts,
     "backup": _backup,
+    "forget": _forget,
 }
 
 # -- errors as one line ------------------------------------------------------------------
