@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from bot.agent import approval
 from bot.agent.deliver import Deliver
 from bot.agent.events import Event, Events
-from bot.agent.inbox import Accepted, add_history, submit_message, withdraw_message
+from bot.agent.inbox import Accepted, add_history, answer_key, submit_message, withdraw_message
 from bot.attachments import REF, Attachments, BlobStore, Kept, size_label, wanted
 from bot.channels import Channel, Connector, Outbound
 from bot.config import Section
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REF", "Accepted", "AgentPort", "Channel", "Connector", "Event", "Events", "Kept",
+    "answer_key",
     "NotPerformed", "Outbound", "Position", "Section", "Unavailable", "kill_point",
     "known_timezone", "make_private", "size_label", "store_unavailable", "wanted",
 ]
@@ -89,6 +90,13 @@ class AgentPort:
     def events(self) -> Events:
         return self._deps.events
 
+    def reconciling(self) -> bool:
+        """Whether this home was just restored from a backup (bot/app/restore.py): what came
+        in since the snapshot may have been answered already, by the home before it."""
+        import time
+
+        return time.time() < self._deps.reconcile_until
+
     @property
     def http(self) -> httpx.AsyncClient:
         """The process's HTTP client (files a message links to)."""
@@ -114,11 +122,12 @@ class AgentPort:
                      text: str, author: str | None = None, owner: str | None = None,
                      scope: str | None = None, reply_to: dict[str, Any] | None = None,
                      data: dict[str, Any] | None = None, timezone: str | None = None,
-                     files: Sequence[tuple[str, Any]] = (), at: Position | None = None
-                     ) -> Accepted:
+                     files: Sequence[tuple[str, Any]] = (), at: Position | None = None,
+                     answers: str | None = None) -> Accepted:
         """One message for the agent (see `bot.agent.inbox.submit_message`); `files` are
         (document name, value) pairs stored in the conversation with it, `at` the
-        position past it. A message taken before only moves the position."""
+        position past it. A message taken before only moves the position. `answers`: which
+        of the ids names the message itself wherever it is read (default: the first)."""
         def extra(conversation: Conversation, w: Writes) -> None:
             for name, value in files:
                 w.edit_document(conversation_namespace(conversation.id), name,
@@ -130,7 +139,8 @@ class AgentPort:
         accepted = await submit_message(
             self._store, channel=channel, external_ids=external_ids,
             conversation_key=conversation_key, text=text, author=author, owner=owner,
-            reply_to=reply_to, data=data, scope=scope, timezone=timezone, extra=extra)
+            reply_to=reply_to, data=data, scope=scope, timezone=timezone, extra=extra,
+            answers=answers)
         if accepted.duplicate and at is not None and accepted.approval is None:
             await self.advance(at)
         if not accepted.duplicate:

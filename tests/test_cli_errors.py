@@ -117,6 +117,10 @@ SPECIFIC = [
     (["doctor", "--timeout", "soon"], 2, "not a number of seconds"),
     (["service"], 2, "the following arguments are required: action"),
     (["service", "restart"], 2, "invalid choice"),
+    (["restore"], 2, "the following arguments are required: backup"),
+    (["restore", "nowhere"], 2, "restore needs --home DIR"),
+    (["restore", "nowhere", "--home", "."], 1, "is not empty: a backup is restored into a "
+     "new home only"),
     (["forget"], 2, "one of the arguments --session --person is required"),
     (["forget", "--session", "cli:demo", "--person", "ana"], 2, "not allowed with argument"),
     (["forget", "--session", "cli:nope", "--dry-run"], 1, "no conversation 'cli:nope'"),
@@ -140,7 +144,7 @@ async def test_each_command_refuses_bad_input_in_one_line(home):
 
 
 async def test_every_command_with_a_broken_config(home):
-    commands = subcommands()
+    commands = [c for c in subcommands() if c not in NO_CONFIG]
     (home / "config.toml").write_text("[agent]\nwishes = 3\n")
     cases = [([c, *ARGS.get(c, [])], 2, f"{home / 'config.toml'}: [agent] wishes: unknown key")
              for c in commands]
@@ -158,7 +162,10 @@ ARGS = {"ask": ["hello"], "context": ["cli:demo"], "compact": ["cli:demo"],
 # Commands that never open the store: `init` writes the config (here it refuses to replace
 # the one that exists) and `service` installs what will run Steward. Their bad input is in
 # SPECIFIC and tests/test_init.py, tests/test_service.py.
-NO_STORE = {"init", "service"}
+NO_STORE = {"init", "service", "restore"}
+# `restore` reads no config at all: it makes a new home from a backup (its own checks are
+# in SPECIFIC and tests/test_restore.py).
+NO_CONFIG = {"restore"}
 
 
 async def test_every_command_with_postgresql_down(home):

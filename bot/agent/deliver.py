@@ -7,11 +7,15 @@ channel: the delivery is recorded as skipped, and a channel that streamed part o
 that back (`retract`). The connector says where it records such a deletion
 (`withdrawal_ref`), as history of the conversation (bot.agent.inbox.withdraw_message)."""
 
+import logging
+import time
 from typing import Any
 
 from bot.agent.deps import AgentDeps
 from bot.channels import Outbound
-from bot.runtime import Effect, NotPerformed, Policy, TaskContext
+from bot.runtime import Done, Effect, NotPerformed, Policy, TaskContext
+
+log = logging.getLogger(__name__)
 
 SKIPPED = "the question was deleted"
 COVERS_TAIL = 60  # transcript entries read to find the messages an answer covered
@@ -37,8 +41,8 @@ class Deliver(Effect):
         withdrawn = ref is not None and \
             await store.submission_state(f"{name}:history", ref) is not None
         covers: tuple[dict[str, Any], ...] = ()
-        if getattr(channel, "shows_progress", False) and ctx.idem_key.endswith(".answer"):
-            covers = await self._covered(conversation.id, ctx.idem_key.removesuffix(".answer"))
+        if ctx.idem_key.endswith(".answer") and ctx.task.parent_id:
+            covers = await self._covered(conversation.id, ctx.task.parent_id)
         return channel, Outbound(key=ctx.idem_key, conversation_key=conversation.key,
                                  conversation_id=conversation.id, text=ctx.inputs["text"],
                                  reply_to=reply_to, approval=ctx.inputs.get("approval"),
@@ -65,9 +69,21 @@ class Deliver(Effect):
     def can_reconcile(self, ctx: TaskContext) -> bool:
         return True
 
+    async def step(self, ctx: TaskContext):
+        # A home restored from a backup: its predecessor may have shown this answer after
+        # the snapshot. Until `reconcile_until` every delivery is taken as one that may have
+        # happened: the channel is asked first, as after a crash (bot/app/restore.py).
+        if time.time() < self.deps.reconcile_until:
+            happened, result = await self.reconcile(ctx)
+            if happened:
+                return Done(result, self.settled_inputs(ctx))
+        return await super().step(ctx)
+
     async def reconcile(self, ctx: TaskContext):
         channel, message = await self._target(ctx)
         found = await channel.find(message)
+        log.info("delivery %s (%s): %s", message.key, channel.name,
+                 "already shown: not sent again" if found is not None else "not shown yet")
         return found is not None, found
 
     async def perform(self, ctx: TaskContext):

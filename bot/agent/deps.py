@@ -29,3 +29,5 @@ class AgentDeps:
     wake: Callable[[], None] = lambda: None  # the runner's, once there is one
     # `[llm] fallbacks`, built: (client, its config, for its prices), tried in order.
     fallbacks: list[tuple[LLMClient, LLMConfig]] = field(default_factory=list)
+    # A restored home's first hour: deliveries ask their channel first (bot/app/restore.py).
+    reconcile_until: float = 0.0

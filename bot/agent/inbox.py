@@ -4,6 +4,7 @@ one back: a message deleted before its turn started withdraws that turn, in the 
 that records the deletion."""
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,15 @@ from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
 TURN = "turn"
 ASKER = "asker"  # a turn's input: the person whose message it answers
 TIMEZONE = "timezone"  # a turn's input (and its message's data): the author's IANA zone
+ANSWER_KEY = "answer_key"  # a turn's input: its answer's key, from the message it answers
+
+
+def answer_key(channel: str, external_id: str) -> str:
+    """The key of the answer to a message, derived from the message alone: the same in any
+    home that takes that message in, so a home restored from a backup finds, by the
+    delivery's usual reconcile (`Channel.find`), an answer its predecessor already gave."""
+    digest = hashlib.sha256(f"{channel}\n{external_id}".encode()).hexdigest()[:24]
+    return f"in.{digest}"
 WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
 WITHDRAW_ATTEMPTS = 5
 SETTLE_SECONDS, SETTLE_POLL = 2.0, 0.02  # waiting out a turn's start phase (milliseconds)
@@ -38,19 +48,23 @@ async def submit_message(store: Store, *, channel: str, external_ids: list[str],
                          owner: str | None = None, reply_to: dict[str, Any] | None = None,
                          data: dict[str, Any] | None = None,
                          scope: str | None = None, timezone: str | None = None,
-                         extra: Callable[[Conversation, Writes], None] | None = None
-                         ) -> Accepted:
+                         extra: Callable[[Conversation, Writes], None] | None = None,
+                         answers: str | None = None) -> Accepted:
     """`scope` says who may later see what is said here (search, memory): "private:<person>"
     for a DM, a mail thread or the terminal (the default, with `owner`), "channel:<id>" for
     a shared channel. `timezone` is the author's IANA zone if the channel knows it (a Slack
     profile's); it is stored with the turn (and the entry), so the turn's tools use it even
     when the turn is resumed after a restart. Anything not a known zone is dropped: the
     configured zone applies. `extra(conversation, writes)` adds the channel's own writes to
-    the same commit (a mailbox cursor, attachments), so they land with the message or not."""
+    the same commit (a mailbox cursor, attachments), so they land with the message or not.
+    `answers`: the id that names the message itself however it was read (a Slack message's
+    `<channel>:<ts>`, not the event that brought it); its answer's key derives from it
+    (`answer_key`). Default: the first of `external_ids`."""
     conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
     zone = known_timezone(timezone)
     w = Writes()
-    inputs: dict[str, Any] = {"channel": channel, "reply_to": reply_to or {}}
+    inputs: dict[str, Any] = {"channel": channel, "reply_to": reply_to or {},
+                              ANSWER_KEY: answer_key(channel, answers or external_ids[0])}
     if owner is not None:  # who asked: their yes is the one an approval waits for
         inputs[ASKER] = owner
     entry_data: dict[str, Any] = {"channel": channel, **(data or {})}

@@ -80,6 +80,8 @@ class LLMCall(Effect):
                 if not quiet:  # a summary, say: nothing any channel should show
                     self.deps.events.publish(Event(conv_id, "partial", {
                         "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed,
+                        # the answer's key, less ".answer": where a channel shows the text
+                        "answer": ctx.inputs.get("answer") or ctx.task.parent_id,
                         "channel": ctx.inputs.get("channel"),
                         "reply_to": ctx.inputs.get("reply_to")}))
                 kill_point("mid-stream", self.kind)

@@ -22,7 +22,7 @@ from bot.agent.approval import KIND as APPROVAL
 from bot.agent.compact import KIND as COMPACT
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
-from bot.agent.inbox import ASKER, TIMEZONE, TURN
+from bot.agent.inbox import ANSWER_KEY, ASKER, TIMEZONE, TURN
 from bot.agent.pinned import pin
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
@@ -101,7 +101,8 @@ class Turn(TaskDef):
         # Where the answer goes rides along, so a channel can show the streamed text.
         llm_task = ctx.spawn("llm_call", {**pin(assembled.request),
                                           "channel": ctx.inputs.get("channel", "cli"),
-                                          "reply_to": ctx.inputs.get("reply_to", {})})
+                                          "reply_to": ctx.inputs.get("reply_to", {}),
+                                          "answer": ctx.inputs.get(ANSWER_KEY) or ctx.task.id})
         deps.pinned.put(llm_task, assembled.request)
         # Outside text in the request (bot/provenance.py) stays with the turn from now on.
         outside = cp.get("read_outside") or assembled.outside
@@ -255,10 +256,13 @@ class Turn(TaskDef):
         ctx.writes.append(conv_id, "assistant", text, task_id=ctx.task.id,
                           data={"final": True, "answers_upto": cp["upto"], "error": error,
                                 **mark})
+        # Keyed by the message it answers where there is one (inbox.answer_key), else by
+        # the turn: never two answers for one message, in this home or a restored one.
+        key = ctx.inputs.get(ANSWER_KEY) or ctx.task.id  # as the streamed text's (llm_call)
         delivery = ctx.writes.deliver(
             "deliver", {"channel": ctx.inputs.get("channel", "cli"), "text": text,
                         "reply_to": ctx.inputs.get("reply_to", {})},
-            key=f"{ctx.task.id}.answer", parent_id=ctx.task.id, conversation_id=conv_id)
+            key=f"{key}.answer", parent_id=ctx.task.id, conversation_id=conv_id)
         return Wait("delivered", {**cp, "answer": text, "delivery": delivery})
 
     async def _finish(self, ctx: TaskContext, result: dict):

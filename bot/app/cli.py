@@ -196,7 +196,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_commands(sub) -> None:
-    """`init`, `doctor` and `service`: setting Steward up on a machine."""
+    """`init`, `doctor`, `service` and `restore`: setting Steward up on a machine."""
+    restore = sub.add_parser("restore", help="a backup into a new home that catches up "
+                             "without repeating or losing anything")
+    restore.add_argument("backup", help="the backup's directory (steward-backup-...)")
+    # --home (every command's): the new home, absent or empty
+    restore.add_argument("--identity", help="an age identity file, for an encrypted backup")
+    restore.add_argument("--passphrase-env", metavar="NAME",
+                         help="the variable holding an encrypted backup's passphrase")
     init = sub.add_parser(
         "init", help="write config.toml, asking on a terminal (or --yes with flags)",
         description="Write config.toml: the model, Slack, email and who may talk to "

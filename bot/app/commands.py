@@ -494,7 +494,13 @@ def _service(args) -> int:
 
 # Commands that read the config themselves: init writes it, doctor reports what is wrong
 # with it, service installs what will read it.
-SETUP = {"init": _init, "doctor": _doctor, "service": _service}
+def _restore(args) -> int:
+    from bot.app.restore import restore_command
+
+    return restore_command(args)
+
+
+SETUP = {"init": _init, "doctor": _doctor, "service": _service, "restore": _restore}
 
 
 # Commands that only read, and read of the config only its values (no section's methods):

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from bot.agent.deps import AgentDeps
 from bot.agent.llm_call import LLMCall
 from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
-from bot.app import allocator, taskdump
+from bot.app import allocator, restore, taskdump
 from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
 from bot.app.opened import opened_store
@@ -123,6 +124,13 @@ async def open_app(config: Config):
             deps.fallbacks.append(((await make_client(fallback, env=os.environ, http=http,
                                                       probe_ollama=False))[0], fallback))
         deps.channels["cli"] = TerminalChannel(deps.events)
+        if (restored := await asyncio.to_thread(restore.on_start, config.home)) is not None:
+            log.warning("this home was restored from a backup taken %s: catching up, and "
+                        "every delivery asks its channel first until %s",
+                        time.strftime("%Y-%m-%d %H:%M", time.localtime(restored.taken_at)),
+                        time.strftime("%H:%M", time.localtime(restored.reconcile_until)))
+            restore.widen_catchup(config, restored)
+            deps.reconcile_until = restored.reconcile_until
         connectors = build_connectors(config, deps)
         health = Health(config.home)
         runner = Runner(store, build_registry(deps), runner_options(config),

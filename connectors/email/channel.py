@@ -59,7 +59,7 @@ from bot.port import NotPerformed, Outbound, Unavailable, kill_point
 from connectors.email import smtp
 from connectors.email.config import EmailConfig
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession
-from connectors.email.reply import build_reply, reply_message_id
+from connectors.email.reply import ANSWERS, build_reply, reply_message_id
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,24 @@ class EmailChannel:
                 return []
             raise
         return await imap.search("HEADER", "Message-ID", f'"<{message_id}>"')
+
+    async def answered(self, message_id: str) -> bool:
+        """Whether Sent holds a reply to the mail `message_id` (In-Reply-To, or among the
+        mails a reply says it answers): one a home before a restore sent, say."""
+        try:
+            async with self.open_session() as imap:
+                try:
+                    await imap.select(self.config.sent_mailbox)
+                except ImapError:
+                    if not await imap.exists(self.config.sent_mailbox):
+                        return False
+                    raise
+                quoted = f'"<{message_id}>"'
+                return bool(await imap.search("OR", "HEADER", "In-Reply-To", quoted,
+                                              "HEADER", ANSWERS, quoted))
+        except (*CONNECTION_ERRORS, ImapError) as exc:
+            raise Unavailable(f"IMAP unavailable to look for a reply to <{message_id}> in "
+                              f"{self.config.sent_mailbox}: {exc}") from exc
 
     async def _finalise(self, imap: ImapSession, message_id: str) -> None:
         for uid in await self._copies(imap, message_id):

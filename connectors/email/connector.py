@@ -44,7 +44,7 @@ class EmailConnector:
         self.channel = EmailChannel(email, open_session=open_session,
                                     smtp_password=smtp_password, sender_name=config.agent.name,
                                     ssl_context=ssl_context)
-        self.intake = Intake(port, email)
+        self.intake = Intake(port, email, answered=self.channel.answered)
         self.watcher = Watcher(
             self.intake, open_session, mailbox=email.mailbox, idle_seconds=email.idle_seconds,
             poll_seconds=email.poll_seconds,

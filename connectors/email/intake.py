@@ -7,6 +7,7 @@ already taken (the same Message-ID under a new UIDVALIDITY) only moves the curso
 import asyncio
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from bot.port import AgentPort, Kept, kill_point
 from connectors.email import cursor as cursors
@@ -24,9 +25,11 @@ MAX_REFERENCES = 20
 
 
 class Intake:
-    def __init__(self, port: AgentPort, config: EmailConfig):
+    def __init__(self, port: AgentPort, config: EmailConfig,
+                 answered: Callable[[str], Awaitable[bool]] | None = None):
         self.port = port
         self.config = config
+        self.answered = answered  # whether Sent holds a reply to a mail (EmailChannel)
         self.domain = config.address.rpartition("@")[2].lower()
 
     async def take(self, cursor: cursors.Cursor, uid: int,
@@ -104,6 +107,16 @@ class Intake:
             references = references[:1] + references[-(MAX_REFERENCES - 1):]
         reply_to = {"to": mail.sender, "to_name": mail.sender_name, "subject": mail.subject,
                     "message_id": mail.message_id, "references": references}
+        if self.answered is not None and mail.message_id and self.port.reconciling() \
+                and await self.answered(mail.message_id):
+            # A home restored from a backup reads again what came in since the snapshot;
+            # what the home before it answered has its reply in Sent.
+            await self.port.skip(CHANNEL, ids, {"skipped": "answered before the restore",
+                                                "from": mail.sender,
+                                                "subject": mail.subject[:200]},
+                                 at=self._at(moved))
+            log.info("email: %s from %s was answered before the restore", ids[1], mail.sender)
+            return "skipped"
         accepted = await self.port.submit(
             channel=CHANNEL, external_ids=ids, conversation_key=key, text=rendered.text,
             author=mail.sender, owner=mail.sender, reply_to=reply_to, data=rendered.data,

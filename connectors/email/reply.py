@@ -29,10 +29,24 @@ MAX_SUBJECT = 200
 
 
 def reply_message_id(message: Outbound, address: str) -> str:
-    """`<c{conversation id}.{key}@{domain of the address}>`, without the angle brackets."""
+    """`<c{conversation id}.{key}@{domain of the address}>`, without the angle brackets; an
+    answer keyed by the mail it answers (`in.`, bot.agent.inbox.answer_key) without the
+    conversation id, which a home restored from a backup may number differently: its reply
+    has the Message-ID its predecessor's had, and is found in Sent instead of sent again."""
     domain = address.rpartition("@")[2] or "steward.invalid"
     key = re.sub(r"[^A-Za-z0-9._-]", "-", message.key)
+    if key.startswith("in."):
+        return f"{key}@{domain}"
     return f"c{message.conversation_id}.{key}@{domain}"
+
+
+ANSWERS = "X-Steward-Answers"  # the mails a reply answers, when more than its parent
+
+
+def answers_to(message: Outbound) -> list[str]:
+    """The Message-IDs of the mails an answer covers (bot/agent/deliver.py `covers`)."""
+    return [d["email"]["message_id"] for d in message.covers
+            if isinstance(d.get("email"), dict) and d["email"].get("message_id")]
 
 
 def answers_a_mail(reply_to: dict[str, Any]) -> bool:
@@ -67,6 +81,8 @@ def build_reply(message: Outbound, *, address: str, name: str) -> tuple[str, byt
         if chain:
             msg["References"] = " ".join(f"<{r}>" for r in chain)
         msg["Auto-Submitted"] = "auto-replied"
+        if len(answered := answers_to(message)) > 1:  # follow-ups it took in: for a restore
+            msg[ANSWERS] = " ".join(f"<{m}>" for m in answered)
     else:
         msg["Auto-Submitted"] = "auto-generated"
     msg.set_content(message.text or "(empty answer)")

@@ -58,12 +58,14 @@ from typing import Any
 
 from slack_sdk.errors import SlackApiError
 
-from bot.port import AgentPort, Position
+from bot.port import AgentPort, Position, answer_key
 from connectors.slack.config import SlackConfig
 
 from . import faults, routing
 from .events import Identity, Inbound, Malformed, channel_type, parse
 from .inbound import Inbox
+from .messages import META_TYPE, answered_by
+from .routing import CHANNEL
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
@@ -233,13 +235,15 @@ class CatchUp:
         assert me is not None
         now = time.time()
         stored = await self.port.position(owner_of(me.team), POSITION) or {}
-        if isinstance(stored.get("ts"), str):
-            self.taken(stored["ts"])
-            self._written = self._written or stored["ts"]
-        with self._lock:
-            newest = self._newest
+        mark = stored.get("ts") if isinstance(stored.get("ts"), str) else None
+        if mark is not None:
+            self.taken(mark)
+            self._written = self._written or mark
         floor = now - self.horizon
-        oldest = floor if newest is None else max(floor, float(newest) - MARGIN)
+        # From the stored mark, not from the newest message this life took: an event that
+        # arrived before this pass (a fresh message, right after a restart or a restore)
+        # says nothing about the ones before it that no event brought.
+        oldest = floor if mark is None else max(floor, float(mark) - MARGIN)
         try:
             last_up = min(float(stored.get("at") or now), now)
         except (TypeError, ValueError):
@@ -254,7 +258,11 @@ class CatchUp:
                     raise
                 log.info("slack: %s is not read to catch up: %s", place, faults.describe(exc))
                 continue
+            answered = _answered(messages)
             for m in messages:
+                key = answer_key(CHANNEL, f"{place.channel}:{m['ts']}") + ".answer"
+                if m["ts"] in answered or key in answered:
+                    continue  # Steward answered it already (a home before a restore did)
                 ev = self._inbound(me, place, m, floor)
                 if ev is not None:
                     self._reading[(ev.channel, ev.ts)] = ev.ts
@@ -355,7 +363,8 @@ class CatchUp:
         first."""
         channel, root = place.channel, place.root
         method = "conversations_replies" if root else "conversations_history"
-        args: dict[str, Any] = {"channel": channel, "oldest": f"{oldest:.6f}", "limit": PAGE}
+        args: dict[str, Any] = {"channel": channel, "oldest": f"{oldest:.6f}", "limit": PAGE,
+                                "include_all_metadata": True}  # Steward's answers' keys
         if root:
             args["ts"] = root
         found: dict[str, dict] = {}
@@ -421,6 +430,20 @@ class CatchUp:
                 failing = True
                 continue
             failing = False
+
+
+def _answered(messages: list[dict]) -> set[str]:
+    """What Steward's own posts among `messages` say they answer: their keys (an answer is
+    keyed by its message: `answer_key`) and the ts of the follow-ups they took in."""
+    found: set[str] = set()
+    for m in messages:
+        meta = m.get("metadata") or {}
+        if meta.get("event_type") == META_TYPE:
+            key = (meta.get("event_payload") or {}).get("key")
+            if isinstance(key, str):
+                found.add(key)
+            found.update(answered_by(m))
+    return found
 
 
 def _capped(places: list[Place], what: str) -> list[Place]:

@@ -339,7 +339,7 @@ class Inbox:
         accepted = await self.port.submit(
             channel=CHANNEL, external_ids=ids, conversation_key=key, text=text,
             author=person.name, owner=routing.owner(ev), scope=routing.scope(ev),
-            reply_to=where, timezone=person.timezone,
+            reply_to=where, timezone=person.timezone, answers=ids[-1],  # the message's id
             data={"slack": {"channel": ev.channel, "ts": ev.ts, "user": ev.user,
                             "thread_ts": ev.thread_ts, "event_id": ev.event_id},
                   **({REF: list(attachments)} if attachments else {})})

@@ -59,6 +59,7 @@ class Posted:
     channel: str
     ts: str
     text: str
+    answers: tuple[str, ...] = ()  # the messages it answers, when more than its own
 
 
 @dataclass
@@ -131,16 +132,18 @@ class Messages:
         """The message posted under `key`, from memory or else from Slack."""
         found = self._known.get(key)
         if found is None:
-            await self._scan(await self.resolve(where))
+            await self._scan(await self.resolve(where), whole=_once_per_place(key))
             found = self._known.get(key)
         return found
 
-    async def _scan(self, where: dict[str, Any]) -> None:
+    async def _scan(self, where: dict[str, Any], *, whole: bool = False) -> None:
         """Read the channel (or thread) after the user's message and remember every
-        Steward message in it by key."""
+        Steward message in it by key. `whole`: from the start of the thread (the newest
+        pages of a channel) instead: a message said once per place (a refusal) may have
+        been posted after an earlier message than this one."""
         channel, thread = where["channel"], where.get("thread_ts")
         args: dict[str, Any] = {"channel": channel, "limit": 200, "include_all_metadata": True}
-        if where.get("message_ts"):
+        if where.get("message_ts") and not whole:
             args["oldest"] = where["message_ts"]
         cursor = None
         for _ in range(LOOKUP_PAGES):
@@ -153,7 +156,8 @@ class Messages:
                 meta = m.get("metadata") or {}
                 found = (meta.get("event_payload") or {}).get("key")
                 if meta.get("event_type") == META_TYPE and found:
-                    self._remember(found, Posted(channel, m["ts"], m.get("text") or ""))
+                    self._remember(found, Posted(channel, m["ts"], m.get("text") or "",
+                                                 answered_by(m)))
             cursor = (page.get("response_metadata") or {}).get("next_cursor")
             if not cursor:
                 return
@@ -161,11 +165,14 @@ class Messages:
     # -- writing --------------------------------------------------------------------
 
     async def write(self, key: str, where: dict[str, Any], parts: list[str],
-                    blocks: list[dict] | None = None) -> list[Posted]:
+                    blocks: list[dict] | None = None,
+                    answers: tuple[str, ...] = ()) -> list[Posted]:
         """Make the answer's messages show `parts`: post the missing ones, edit changed
         ones, delete parts beyond the new end that this process knows of. `blocks`, if
-        given, is how the first part is laid out (its text is the fallback). Call it
-        holding `locked(key)`."""
+        given, is how the first part is laid out (its text is the fallback). `answers`: the
+        ts of the messages it answers when it answers more than its own (queued follow-ups),
+        kept in the first part's metadata for a home restored from a backup to see (the
+        catch-up). Call it holding `locked(key)`."""
         where = await self.resolve(where)
         shown = []
         scanned = False
@@ -173,13 +180,14 @@ class Messages:
             k = part_key(key, i)
             found = self._known.get(k)
             if found is None and not scanned:
-                await self._scan(where)
+                await self._scan(where, whole=_once_per_place(key))
                 scanned, found = True, self._known.get(k)
             layout = blocks if i == 0 else None
-            if found is not None and found.text != text:
-                found = await self._update(k, found, text, layout)
+            said = answers if i == 0 else ()
+            if found is not None and (found.text != text or found.answers != said):
+                found = await self._update(k, found, text, layout, said)
             if found is None:
-                found = await self._post(k, where, text, layout)
+                found = await self._post(k, where, text, layout, said)
             shown.append(found)
         extra = len(parts)
         while (stale := self._known.get(part_key(key, extra))) is not None:
@@ -197,19 +205,20 @@ class Messages:
         return removed
 
     async def _update(self, key: str, posted: Posted, text: str,
-                      blocks: list[dict] | None = None) -> Posted | None:
+                      blocks: list[dict] | None = None,
+                      answers: tuple[str, ...] = ()) -> Posted | None:
         """Edit a part; None if it is gone (deleted in Slack), so it is posted again."""
         layout = {"blocks": blocks} if blocks else {}
         try:
             await self._write("chat_update", channel=posted.channel, ts=posted.ts, text=text,
-                              metadata=_metadata(key), **layout)
+                              metadata=_metadata(key, answers), **layout)
         except SlackApiError as exc:
             if exc.response.get("error") not in GONE:
                 raise
             log.warning("slack: the message of %s is gone; posting it again", key)
             self._remember(key, None)
             return None
-        updated = Posted(posted.channel, posted.ts, text)
+        updated = Posted(posted.channel, posted.ts, text, answers)
         self._remember(key, updated)
         return updated
 
@@ -222,9 +231,10 @@ class Messages:
         self._remember(key, None)
 
     async def _post(self, key: str, where: dict[str, Any], text: str,
-                    blocks: list[dict] | None = None) -> Posted:
+                    blocks: list[dict] | None = None,
+                    answers: tuple[str, ...] = ()) -> Posted:
         args: dict[str, Any] = {"channel": where["channel"], "text": text,
-                                "metadata": _metadata(key), "unfurl_links": False}
+                                "metadata": _metadata(key, answers), "unfurl_links": False}
         if blocks:
             args["blocks"] = blocks
         if where.get("thread_ts"):
@@ -248,7 +258,7 @@ class Messages:
             found = self._known.get(key)
             if found is not None:
                 return found
-        posted = Posted(response["channel"], response["ts"], text)
+        posted = Posted(response["channel"], response["ts"], text, answers)
         self._remember(key, posted)
         kill_point("slack-posted", "slack")
         return posted
@@ -271,5 +281,22 @@ class Messages:
         return response
 
 
-def _metadata(key: str) -> dict[str, Any]:
-    return {"event_type": META_TYPE, "event_payload": {"key": key}}
+def _once_per_place(key: str) -> bool:
+    """A key said once per conversation, whatever message prompted it (port.refuse's)."""
+    return "-refusal:" in key
+
+
+def _metadata(key: str, answers: tuple[str, ...] = ()) -> dict[str, Any]:
+    payload: dict[str, Any] = {"key": key}
+    if answers:
+        payload["answers"] = list(answers)
+    return {"event_type": META_TYPE, "event_payload": payload}
+
+
+def answered_by(message: dict) -> tuple[str, ...]:
+    """The ts of the messages a Steward post says it answers besides its own (metadata)."""
+    meta = message.get("metadata") or {}
+    if meta.get("event_type") != META_TYPE:
+        return ()
+    said = (meta.get("event_payload") or {}).get("answers")
+    return tuple(str(ts) for ts in said) if isinstance(said, list) else ()

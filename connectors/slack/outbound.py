@@ -98,7 +98,7 @@ class SlackChannel:
         async with self.messages.locked(message.key):
             await self.streams.pace(message.key)
             shown = await self.messages.write(message.key, where, parts,
-                                              self._layout(message, parts))
+                                              self._layout(message, parts), _answers(message))
         kill_point("slack-sent", "slack")
         await self._clear_sign(message)
         return {"channel": shown[0].channel, "ts": shown[0].ts,
@@ -131,3 +131,11 @@ class SlackChannel:
             return {"channel": shown[0].channel, "ts": shown[0].ts,
                     "parts": [p.ts for p in shown], "found": True}
         return None  # missing or unfinished: `send` completes it without posting twice
+
+
+def _answers(message: Outbound) -> tuple[str, ...]:
+    """The ts of the messages an answer covers, when it covers more than one (follow-ups
+    queued behind the first): kept in its metadata (messages.answered_by)."""
+    ts = tuple(str(d["slack"]["ts"]) for d in message.covers
+               if isinstance(d.get("slack"), dict) and d["slack"].get("ts"))
+    return ts if len(ts) > 1 else ()

@@ -1,13 +1,14 @@
 """Streaming: the committed partial text of a Slack turn, shown in the answer's message.
 
 The agent commits streamed text about every 100 ms and publishes it as a "partial" event
-carrying the turn id, its channel and its reply address. For a turn that answers in Slack,
-the first partial posts the answer's message under the delivery's own key (`<turn>.answer`,
-in the metadata); later ones edit it at most every `stream_update_seconds` (intermediate
-texts are skipped, and a 429 from Slack simply stretches the interval). The final delivery
-edits the same message (`SlackChannel.send` marks the key finished first, so no stream edit
-lands after it), and waits out what is left of the interval since the last stream write
-(`pace`), so the message is never written more often than that, the final edit included.
+carrying the turn id, its answer's key, its channel and its reply address. For a turn that
+answers in Slack, the first partial posts the answer's message under the delivery's own key
+(`<answer>.answer`, in the metadata: bot.agent.inbox.answer_key, or the turn's id); later
+ones edit it at most every `stream_update_seconds` (intermediate texts are skipped, and a
+429 from Slack simply stretches the interval). The final delivery edits the same message
+(`SlackChannel.send` marks the key finished first, so no stream edit lands after it), and
+waits out what is left of the interval since the last stream write (`pace`), so the
+message is never written more often than that, the final edit included.
 After a restart the key finds the same message, so the answer continues in place.
 """
 
@@ -95,15 +96,16 @@ class Streams:
                 continue
             try:
                 if event.data.get("channel") == self.channel:
-                    await self._on_partial(event.data.get("turn"), event.data.get("text") or "",
+                    await self._on_partial(event.data.get("answer") or event.data.get("turn"),
+                                           event.data.get("text") or "",
                                            event.data.get("reply_to"))
             except Exception:  # noqa: BLE001 - showing progress must never stop the listener
                 log.exception("slack: streaming a partial failed")
 
-    async def _on_partial(self, turn: str | None, text: str, where: dict | None) -> None:
-        if not turn or not where or not text.strip():
+    async def _on_partial(self, answer: str | None, text: str, where: dict | None) -> None:
+        if not answer or not where or not text.strip():
             return
-        key = f"{turn}.answer"
+        key = f"{answer}.answer"
         if key in self._finished:
             return
         stream = self._streams.get(key)
