@@ -38,7 +38,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,9 @@ class Inbox:
         self.agent_name = agent_name
         self.done = done  # an event's processing committed (the journal forgets it)
         self.settled = settled  # the same for a message caught up from history
+        # Whether Slack already shows an answer to a message (Messages.has_answer): asked
+        # in a home just restored from a backup, for what its predecessor answered.
+        self.has_answer: Callable[[dict, str], Awaitable[bool]] | None = None
         self.me: Identity | None = None
         self.lanes = Lanes(self._process, concurrency)
         self.outages = Outages()
@@ -278,6 +281,14 @@ class Inbox:
         conversation = await self.port.conversation(key)
         return conversation is not None and conversation.id == history["conversation_id"]
 
+    async def _spoke_in(self, ev: Inbound) -> bool:
+        """Whether any message of Steward's is in `ev`'s thread (Slack's view)."""
+        assert self.me is not None
+        page = await self.web.call("conversations_replies", channel=ev.channel,
+                                   ts=ev.thread_ts, limit=200)
+        return any(m.get("bot_id") == self.me.bot_id or m.get("user") == self.me.user_id
+                   for m in page.get("messages") or [])
+
     async def _followed(self, key: str) -> bool:
         """Steward follows a thread once it has a transcript for it."""
         conversation = await self.port.conversation(key)
@@ -293,6 +304,12 @@ class Inbox:
                 await self._catch_up(ev)
             return
         followed = await self._followed(key)
+        if not (routing.always_addressed(ev) or followed) and ev.thread_ts \
+                and self.has_answer is not None and self.port.reconciling():
+            # A home restored from a backup has no transcript of a thread its predecessor
+            # joined after the snapshot: Slack shows whether Steward spoke in it.
+            followed = await self.has_answer(routing.reply_to(ev), ev.thread_ts) or \
+                await self._spoke_in(ev)
         if not (routing.always_addressed(ev) or followed):
             return
         decision = routing.access(self.config, ev)
@@ -335,6 +352,13 @@ class Inbox:
     async def _submit(self, ev: Inbound, key: str, ids: list[str], text: str, *,
                       attachments: list[dict] = ()) -> None:
         where = routing.reply_to(ev)
+        if self.has_answer is not None and self.port.reconciling() and \
+                await self.has_answer({**where, "message_ts": ev.ts}, ev.ts):
+            # A restored home takes in again what came after the snapshot (the journal, the
+            # catch-up, a retried event); its predecessor may have answered it already.
+            await self.port.skip(CHANNEL, ids, {"skipped": "answered before the restore"})
+            log.info("slack: %s was answered before the restore", ids[-1])
+            return
         person = await self.people.person(ev.user)
         accepted = await self.port.submit(
             channel=CHANNEL, external_ids=ids, conversation_key=key, text=text,

@@ -30,9 +30,10 @@ from typing import Any
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
-from bot.port import kill_point
+from bot.port import answer_key, kill_point
 
 from . import faults
+from .routing import CHANNEL
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,25 @@ class Messages:
             await self._scan(await self.resolve(where), whole=_once_per_place(key))
             found = self._known.get(key)
         return found
+
+    def answered(self, channel: str, ts: tuple[str, ...], *, besides: str = "") -> bool:
+        """Whether each message `ts` of `channel` has an answer this process has seen, other
+        than the one keyed `besides` (and its parts): one keyed by that message
+        (bot.port.answer_key) or one that says it answers it."""
+        known = [(k, p) for k, p in self._known.items() if p is not None and p.channel == channel
+                 and not (besides and (k == besides or k.startswith(besides + "#")))]
+        said = {t for _, p in known for t in p.answers}
+        keys = {k for k, _ in known}
+        return all(t in said or f"{answer_key(CHANNEL, f'{channel}:{t}')}.answer" in keys
+                   for t in ts)
+
+    async def has_answer(self, where: dict[str, Any], ts: str) -> bool:
+        """Whether Slack shows an answer of Steward's to the message `ts` at `where` (read
+        from the message on): keyed by it, or saying it answers it."""
+        where = await self.resolve(where)
+        if not self.answered(where["channel"], (ts,)):
+            await self._scan(where)
+        return self.answered(where["channel"], (ts,))
 
     async def _scan(self, where: dict[str, Any], *, whole: bool = False) -> None:
         """Read the channel (or thread) after the user's message and remember every

@@ -130,12 +130,24 @@ class SlackChannel:
             await self._clear_sign(message)  # a restarted delivery: the sign may be left
             return {"channel": shown[0].channel, "ts": shown[0].ts,
                     "parts": [p.ts for p in shown], "found": True}
+        covered = _covered(message)
+        if not shown and covered and self.messages.answered(
+                (await self.messages.resolve(where))["channel"], covered, besides=message.key):
+            # Every message it answers has an answer already, under other keys: a home
+            # restored from a backup, whose predecessor grouped them otherwise.
+            await self._clear_sign(message)
+            return {"found": True, "answered_by_others": list(covered)}
         return None  # missing or unfinished: `send` completes it without posting twice
+
+
+def _covered(message: Outbound) -> tuple[str, ...]:
+    """The ts of the messages an answer covers."""
+    return tuple(str(d["slack"]["ts"]) for d in message.covers
+                 if isinstance(d.get("slack"), dict) and d["slack"].get("ts"))
 
 
 def _answers(message: Outbound) -> tuple[str, ...]:
     """The ts of the messages an answer covers, when it covers more than one (follow-ups
     queued behind the first): kept in its metadata (messages.answered_by)."""
-    ts = tuple(str(d["slack"]["ts"]) for d in message.covers
-               if isinstance(d.get("slack"), dict) and d["slack"].get("ts"))
+    ts = _covered(message)
     return ts if len(ts) > 1 else ()
