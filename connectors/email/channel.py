@@ -59,7 +59,7 @@ from bot.port import NotPerformed, Outbound, Unavailable, kill_point
 from connectors.email import smtp
 from connectors.email.config import EmailConfig
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession
-from connectors.email.reply import ANSWERS, build_reply, reply_message_id
+from connectors.email.reply import ANSWERS, build_reply, reply_message_id, sent_search
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class EmailChannel:
             if not await imap.exists(sent):  # nothing was ever journaled there
                 return []
             raise
-        return await imap.search("HEADER", "Message-ID", f'"<{message_id}>"')
+        return await imap.search("HEADER", "Message-ID", f'"{sent_search(message_id)}"')
 
     async def answered(self, message_id: str) -> bool:
         """Whether Sent holds a reply to the mail `message_id` (In-Reply-To, or among the

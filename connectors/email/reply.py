@@ -29,15 +29,22 @@ MAX_SUBJECT = 200
 
 
 def reply_message_id(message: Outbound, address: str) -> str:
-    """`<c{conversation id}.{key}@{domain of the address}>`, without the angle brackets; an
-    answer keyed by the mail it answers (`in.`, bot.agent.inbox.answer_key) without the
-    conversation id, which a home restored from a backup may number differently: its reply
-    has the Message-ID its predecessor's had, and is found in Sent instead of sent again."""
+    """`<c{conversation id}.{key}@{domain of the address}>`, without the angle brackets (the
+    conversation id lets a reply to it find its thread: threads.py)."""
     domain = address.rpartition("@")[2] or "steward.invalid"
     key = re.sub(r"[^A-Za-z0-9._-]", "-", message.key)
-    if key.startswith("in."):
-        return f"{key}@{domain}"
     return f"c{message.conversation_id}.{key}@{domain}"
+
+
+def sent_search(message_id: str) -> str:
+    """What to look for in Sent's Message-IDs: the whole id, or for an answer keyed by the
+    mail it answers (`in.`, bot.agent.inbox.answer_key) the part after the conversation id,
+    which a home restored from a backup may number differently: its predecessor's reply is
+    found whatever number it had (IMAP matches a header's text anywhere in it)."""
+    head, _, rest = message_id.partition(".")
+    if rest.startswith("in.") and head[1:].isdigit():
+        return f".{rest}>"
+    return f"<{message_id}>"
 
 
 ANSWERS = "X-Steward-Answers"  # the mails a reply answers, when more than its parent
