@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from store.errors import CorruptRow
 from store.plain import run
-from store.reads import CONVERSATION, ENTRY, lineage
+from store.reads import CONVERSATION, ENTRY, lineage, visible_in
 from store.records import Conversation, Entry, conversation_from_row, storable
 from store.records import loads as _loads
 
@@ -45,17 +45,9 @@ async def transcript(store, conversation_id: int, *, upto: int,
     time, all read on one connection (a conversation of a few entries costs two
     statements and its fork's ancestors one each)."""
     async with store.reading() as conn:
-        chain = await lineage(conn, conversation_id)
         params: dict = {"limit": limit, "after": 0, "upto": upto}
-        visible = []
-        for i, (cid, bound) in enumerate(chain):
-            params[f"c{i}"] = cid
-            if bound is None:
-                visible.append(f"conversation_id = :c{i}")
-            else:
-                params[f"b{i}"] = bound
-                visible.append(f"(conversation_id = :c{i} AND seq <= :b{i})")
-        sql = (f"SELECT {ENTRY} FROM entries WHERE ({' OR '.join(visible)}) "
+        where = visible_in(await lineage(conn, conversation_id), params)
+        sql = (f"SELECT {ENTRY} FROM entries WHERE {where} "
                "AND seq > :after AND seq <= :upto ORDER BY seq LIMIT :limit")
         while True:
             page = _page((await run(conn, sql, params)).all())

@@ -71,11 +71,9 @@ async def lineage(conn, conversation_id: int) -> list[tuple[int, int | None]]:
     return chain
 
 
-async def entries_page(conn, conversation_id: int, *, before: int | None,
-                       after: int | None, limit: int) -> list[Entry]:
-    """One page of a transcript in order (Store.entries_page)."""
-    chain = await lineage(conn, conversation_id)
-    params: dict = {"limit": limit}
+def visible_in(chain: list[tuple[int, int | None]], params: dict) -> str:
+    """The SQL condition for the entries a conversation's timeline holds (`lineage`: its
+    own, and each ancestor's up to its fork point); its parameters go into `params`."""
     visible = []
     for i, (cid, bound) in enumerate(chain):
         params[f"c{i}"] = cid
@@ -84,7 +82,14 @@ async def entries_page(conn, conversation_id: int, *, before: int | None,
         else:
             params[f"b{i}"] = bound
             visible.append(f"(conversation_id = :c{i} AND seq <= :b{i})")
-    where = f"({' OR '.join(visible)})"
+    return f"({' OR '.join(visible)})"
+
+
+async def entries_page(conn, conversation_id: int, *, before: int | None,
+                       after: int | None, limit: int) -> list[Entry]:
+    """One page of a transcript in order (Store.entries_page)."""
+    params: dict = {"limit": limit}
+    where = visible_in(await lineage(conn, conversation_id), params)
     if after is not None:
         order, params["after"] = "seq > :after ORDER BY seq", after
     elif before is not None:
