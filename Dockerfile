@@ -13,12 +13,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # The source stays in /app: an editable install reads docs/slack-manifest.yaml from it.
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY bot ./bot
 COPY connectors ./connectors
 COPY store ./store
 COPY docs ./docs
-RUN pip install --no-cache-dir -e . \
+RUN pip install --no-cache-dir -c constraints.txt -e . \
     && useradd --uid 1000 --create-home --shell /usr/sbin/nologin steward \
     && install -d -o steward -g steward -m 0700 /data /etc/steward
 

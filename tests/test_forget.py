@@ -426,10 +426,9 @@ async def test_without_a_terminal_or_yes_it_refuses_and_changes_nothing(world):
     assert await every_row(store) == before
 
 
-async def test_sqlite_refuses_while_a_runner_holds_the_home(world):
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # PostgreSQL: workers
+async def test_sqlite_refuses_while_a_runner_holds_the_home(world):  # run on (tested below)
     store, home = world.store, world.home
-    if store.dialect != "sqlite":
-        pytest.skip("PostgreSQL: workers run on while a forget takes its rows")
     lock = RunnerLock(home / "runner.lock")
     assert lock.try_acquire()
     try:
