@@ -36,7 +36,7 @@ OPTIONS = RunnerOptions(concurrency=4, retry_base_seconds=0.01, retry_max_second
 
 def shape(window):
     return (window.summary, window.cut_seq, [e.seq for e in window.entries],
-            window.last_seq, window.chars, window.complete)
+            window.last_seq, window.chars, window.complete, window.marked)
 
 
 async def write(store, conv_id, rows):
@@ -66,10 +66,12 @@ async def test_the_cached_window_is_the_uncached_window(store):
     await same(store, cache, conv.id, budget)
     for step in range(40):
         # appends of all sizes, the budget moving both ways (the estimate follows usage)
+        quoted = "\n> someone else's line" if rng.random() < 0.3 else ""  # outside text
         conv = await write(store, conv.id, [
-            ("user", f"q{step} " + "u" * rng.randint(10, 300), None),
+            ("user", f"q{step} " + "u" * rng.randint(10, 300) + quoted, None),
             ("aborted", "partial", None),
-            ("assistant", f"a{step} " + "a" * rng.randint(10, 300), None)])
+            ("assistant", f"a{step} " + "a" * rng.randint(10, 300),
+             {"outside": "http_get"} if rng.random() < 0.2 else None)])
         budget = rng.choice([budget, budget, 900, 1500, 2600, 4000])
         await same(store, cache, conv.id, budget)
         if step % 7 == 3:  # a question taken back (its note comes later)

@@ -16,7 +16,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot.attachments import REF, BlobStore
@@ -69,6 +68,9 @@ class Window:
     complete: bool = True  # False: older entries after the cut did not fit the budget
     gap: int = 0  # when not complete: the size of the newest entry that did not fit
     held: int = 0  # bytes its entries hold (`entry_bytes`), for the cache's byte bound
+    # Its entries that are outside text (bot/provenance.py), by position: kept up to date
+    # with the entries, so a request knows its provenance without looking at each again.
+    marked: dict[int, str] = field(default_factory=dict)
 
 
 def _held(value) -> int:
@@ -109,7 +111,7 @@ def window_bytes(window: Window) -> int:
     """What a cached window costs: its entries, its list, its summary, the Window itself
     and its slot in the cache (an OrderedDict node and a tuple, rounded up)."""
     return (window.held + sys.getsizeof(window.entries) + _held(window.summary)
-            + sys.getsizeof(window) + _WINDOW_FIXED)
+            + _held(window.marked) + sys.getsizeof(window) + _WINDOW_FIXED)
 
 
 async def read_window(store: Store, conversation: Conversation, budget_chars: int) -> Window:
@@ -117,24 +119,28 @@ async def read_window(store: Store, conversation: Conversation, budget_chars: in
     picked: list[Entry] = []
     used = held = 0
     withdrawn: set[int] = set()
+    marked: dict[int, str] = {}
     before = conversation.last_seq + 1
     while True:
         page = await store.entries_page(conversation.id, before=before, limit=PAGE)
         for entry in reversed(page):
             if entry.seq <= cut:
                 return Window(summary, cut, picked[::-1], conversation.last_seq, used,
-                              held=held)
+                              held=held, marked=marked)
             withdrawn.update(withdrawn_by(entry))
             if entry.kind not in SPOKEN or entry.seq in withdrawn:
                 continue
             if used + entry_chars(entry) > budget_chars and picked:
                 return Window(summary, cut, picked[::-1], conversation.last_seq, used, False,
-                              entry_chars(entry), held)
+                              entry_chars(entry), held, marked)
             used += entry_chars(entry)
             held += entry_bytes(entry)
             picked.append(entry)
+            if mark := of_entry(entry):
+                marked[entry.seq] = mark
         if len(page) < PAGE:
-            return Window(summary, cut, picked[::-1], conversation.last_seq, used, held=held)
+            return Window(summary, cut, picked[::-1], conversation.last_seq, used, held=held,
+                          marked=marked)
         before = page[0].seq
 
 
@@ -205,6 +211,7 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
     """`window` brought up to the conversation's newest entries and to the budget, or None
     when it must be read afresh (older entries than it holds would fit now)."""
     entries, used, held = list(window.entries), window.chars, window.held
+    marked = dict(window.marked)
     after = window.last_seq
     while after < conversation.last_seq:
         page = await store.entries_page(conversation.id, after=after, limit=PAGE)
@@ -216,10 +223,14 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
                 used -= sum(entry_chars(e) for e in entries if e.seq in gone)
                 held -= sum(entry_bytes(e) for e in entries if e.seq in gone)
                 entries = [e for e in entries if e.seq not in gone]
+                for seq in gone:
+                    marked.pop(seq, None)
             if entry.kind in SPOKEN:
                 entries.append(entry)
                 used += entry_chars(entry)
                 held += entry_bytes(entry)
+                if mark := of_entry(entry):
+                    marked[entry.seq] = mark
         if len(page) < PAGE:
             break
         after = page[-1].seq
@@ -231,9 +242,10 @@ async def _extend(store: Store, conversation: Conversation, window: Window,
         gap = entry_chars(dropped)
         used -= gap
         held -= entry_bytes(dropped)
+        marked.pop(dropped.seq, None)
         complete = False
     return Window(window.summary, window.cut_seq, entries, conversation.last_seq, used,
-                  complete, gap if not complete else 0, held)
+                  complete, gap if not complete else 0, held, marked)
 
 
 def answer_order(entries: list[Entry]) -> list[Entry]:
@@ -322,8 +334,9 @@ def _fit(window: Window, budget_chars: int) -> Window:
         held -= entry_bytes(dropped)
     if len(entries) == len(window.entries):
         return window
+    first_kept = entries[0].seq
     return Window(window.summary, window.cut_seq, entries, window.last_seq, used, False, gap,
-                  held)
+                  held, {seq: m for seq, m in window.marked.items() if seq >= first_kept})
 
 
 # Messages already made from entries, by the entry object: a conversation's window holds
@@ -332,29 +345,23 @@ def _fit(window: Window, budget_chars: int) -> Window:
 # never changed once made; the memo holds its entries, so an object's id names one entry.
 # Long entries (a fetched page, a big tool result) are made each time: kept, they could
 # hold far more than the context cache's bound; made, they cost the same as short ones.
-# An entry's provenance mark (`of_entry`, ~1 us a message) is kept the same way.
-_MADE: OrderedDict[tuple[int, bool], tuple[Entry, Any]] = OrderedDict()
-_MADE_MAX = 4096  # messages and marks: with `_MADE_TEXT`, a few MB at most
+_MADE: OrderedDict[int, tuple[Entry, Message]] = OrderedDict()
+_MADE_MAX = 2048  # messages: with `_MADE_TEXT`, a few MB at most
 _MADE_TEXT = 2000  # characters
 
 
-def _made(entry: Entry, make, *, mark: bool = False) -> Any:
+def _made(entry: Entry, make) -> Message:
     if len(entry.text) > _MADE_TEXT:
         return make()
-    key = (id(entry), mark)
-    hit = _MADE.get(key)
+    hit = _MADE.get(id(entry))
     if hit is not None and hit[0] is entry:
-        _MADE.move_to_end(key)
+        _MADE.move_to_end(id(entry))
         return hit[1]
-    made = make()
-    _MADE[key] = (entry, made)
+    message = make()
+    _MADE[id(entry)] = (entry, message)
     if len(_MADE) > _MADE_MAX:
         _MADE.popitem(last=False)
-    return made
-
-
-def _mark_of(entry: Entry) -> str | None:
-    return _made(entry, lambda: of_entry(entry), mark=True)
+    return message
 
 
 def _bounded(text: str, longest: int | None) -> str:
@@ -461,7 +468,8 @@ def _with_pending(window: Window, conversation: Conversation,
     return replace(window, entries=[*window.entries, *added],
                    last_seq=conversation.last_seq + len(pending),
                    chars=window.chars + sum(entry_chars(e) for e in added),
-                   held=window.held + sum(entry_bytes(e) for e in added))
+                   held=window.held + sum(entry_bytes(e) for e in added),
+                   marked={**window.marked, **{e.seq: m for e in added if (m := of_entry(e))}})
 
 
 async def build_request(store: Store, config: Config, conversation_id: int, *,
@@ -512,8 +520,8 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     # its size, and the rest of the request needs the other half. (Never under _MADE_TEXT:
     # a message kept in the memo is made the same way every time.)
     messages = to_messages(entries, images, config, longest=max(budget // 2, _MADE_TEXT))
-    outside = outside_of(facts) or outside_of(window.summary) or first(
-        _mark_of(e) for e in entries)
+    # The window's own marks (a follow-up not answered yet counts too: on the safe side).
+    outside = outside_of(facts) or outside_of(window.summary) or first(window.marked.values())
     # A window cut mid-exchange starts at the next user message (some providers insist).
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
     messages = messages[first_user:]
