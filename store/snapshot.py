@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from store.durable import fsync_path as _durable
 from store.errors import SnapshotFailed
 
 log = logging.getLogger(__name__)
@@ -163,11 +164,3 @@ def _copy_sqlite(db: Path, dest: Path) -> None:
     except BaseException:
         part.unlink(missing_ok=True)
         raise
-
-
-def _durable(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

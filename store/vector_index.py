@@ -61,6 +61,7 @@ import threading
 import time
 from pathlib import Path
 
+from store.durable import fsync_path
 from store.plain import run
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ class _Index:
         final = self.directory / (f"{self.name}.{last}.{tmp.stat().st_size}."
                                   f"{_checksum(tmp)}.usearch")
         os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         base = Index.restore(str(final), view=True)
         with self.lock:
             self.base, self.base_mark, self.mark, self.path = base, last, last, final
@@ -288,14 +289,6 @@ class _Index:
                 ids = ids[cut]
             out += ids.tolist()
         return out
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def _database_file(conn) -> str | None:
@@ -430,7 +423,7 @@ def discard(directory: Path) -> int:
             except FileNotFoundError:
                 continue
     if removed:
-        _fsync_dir(directory)
+        fsync_path(directory)
     return removed
 
 

@@ -12,12 +12,13 @@ fsync, so checking it reads the disk, not memory.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import io
 import os
 import threading
 from pathlib import Path, PurePosixPath
+
+from store.durable import fsync_path
 
 CHUNK = 1 << 20
 AGE = ".age"
@@ -93,17 +94,7 @@ def _settle(fd: int) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def sync_dir(path: Path) -> None:
-    """A directory's entries on disk (a filesystem that cannot sync a directory, like
-    some USB disks' FAT, is left to sync it as it does)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+sync_dir = fsync_path  # a directory's entries on disk (store/durable.py)
 
 
 class Files:

@@ -48,6 +48,7 @@ from bot.importers.jsonl import export_line, iso
 from bot.memory.facts import namespace as facts_namespace
 from store import NotFound, Store, conversation_namespace
 from store import exports as reads
+from store.durable import fsync_path
 
 PAGE = 500  # entries read (and written) at a time
 CONVERSATION_PAGE = 100
@@ -215,11 +216,7 @@ class _Out:
 
     def sync_dirs(self) -> None:
         for path in sorted(self._dirs, key=lambda p: -len(p.parts)):  # deepest first
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path)
 
 
 class _Conversation:

@@ -17,6 +17,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from store.durable import fsync_path
+
 DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -59,7 +61,7 @@ class BlobStore:
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
-        _sync_dir(final.parent)
+        fsync_path(final.parent)
         return digest
 
 
@@ -75,12 +77,4 @@ def read_blob(path: Path, digest: str) -> bytes | None:
 def _private_dir(path: Path) -> None:
     if not path.is_dir():
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _sync_dir(path.parent)  # the new directory entry survives a crash too
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_path(path.parent)  # the new directory entry survives a crash too
