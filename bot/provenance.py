@@ -60,6 +60,11 @@ class Marked(str):
         return value
 
 
+def marked(why: str | None) -> dict[str, str]:
+    """The mark to store with something made from outside text (`why`), or nothing."""
+    return {MARK: why} if why else {}
+
+
 def outside_of(value: Any) -> str | None:
     """The mark of a `Marked` text (or of anything with one); None for plain text."""
     return getattr(value, "outside", None)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from bot.agent.tool_result import tool_outcome
-from bot.provenance import MARK
+from bot.provenance import MARK, marked
 from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
 from store import PENDING, NotFound, Store, Writes
 
@@ -98,7 +98,7 @@ class Approval(TaskDef):
                          "is_error": True, "approval": "denied"})
         # The call keeps the mark of the turn that asked for it (bot/provenance.py): what it
         # stores is still made from outside text, whoever approved it.
-        mark = {MARK: i[MARK]} if i.get(MARK) else {}
+        mark = marked(i.get(MARK))
         tool_task = ctx.spawn("tool_call", {"call": i["call"], "approved": True, **mark},
                               idem_key=i["idem_key"])
         return Wait("ran", {**ctx.checkpoint, "tool_task": tool_task})
@@ -108,7 +108,7 @@ class Approval(TaskDef):
         content, is_error = tool_outcome(task)
         shown = (task.result or {}).get(MARK) if isinstance(task.result, dict) else None
         return Done({"content": content, "is_error": is_error, "approval": "approved",
-                     **({MARK: shown} if shown else {})})
+                     **marked(shown)})
 
 
 @dataclass(frozen=True)

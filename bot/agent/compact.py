@@ -8,7 +8,7 @@ from bot.agent.pinned import pin
 from bot.llm.types import Message, Request
 from bot.memory.compaction import KIND, choose_cut, outside_between, transcript_between
 from bot.memory.transcript import head_of, tokens_per_char
-from bot.provenance import MARK, outside_of
+from bot.provenance import MARK, marked, outside_of
 from bot.runtime import Done, Fail, TaskContext, TaskDef, Wait
 from store import DONE
 
@@ -58,7 +58,7 @@ class Compact(TaskDef):
             # of the previous summary or of what it covers.
             outside = outside_of(previous) or await outside_between(store, conv_id, after, upto)
             return Wait("summarized", {"cut": upto, "after": after, "call": call,
-                                       **({MARK: outside} if outside else {})})
+                                       **marked(outside)})
         cp = ctx.checkpoint
         state, result, error = await store.task_outcome(cp["call"])
         result = result or {}
@@ -67,7 +67,7 @@ class Compact(TaskDef):
         summary = result["response"]["text"].strip()
         if not summary:
             return Fail("the model returned an empty summary")
-        mark = {MARK: cp[MARK]} if cp.get(MARK) else {}
+        mark = marked(cp.get(MARK))
         ctx.writes.append(conv_id, "compaction", summary, task_id=ctx.task.id, head=True,
                           data={"cut_seq": cp["cut"], "previous_cut": cp["after"], **mark})
         return Done({"cut": cp["cut"]})

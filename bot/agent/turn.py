@@ -27,7 +27,7 @@ from bot.agent.pinned import pin
 from bot.agent.tool_result import tool_outcome
 from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import compaction_due
-from bot.provenance import MARK, first, of_entry, own_words
+from bot.provenance import MARK, first, marked, of_entry, own_words
 from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
 from bot.tools.permissions import READS_OUTSIDE, Asking, approval_needed, recipients
 from store import DONE
@@ -151,7 +151,7 @@ class Turn(TaskDef):
         if not response.tool_calls:
             return self._answer(ctx, response.text)
         calls = [c.model_dump(mode="json") for c in response.tool_calls]
-        mark = {MARK: cp["read_outside"]} if cp.get("read_outside") else {}
+        mark = marked(cp.get("read_outside"))
         ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
                           data={"tool_calls": calls, "answers_upto": cp["upto"], **mark})
         # Each call's idempotency key (for `keyed` tools) is derived from the turn, the
@@ -159,7 +159,7 @@ class Turn(TaskDef):
         # even when a model repeats call ids across rounds. A call that needs the person's
         # yes first waits for it as an approval (which then spawns it, with the same key).
         asking = await self._asking(ctx)
-        mark = {MARK: asking.read_outside} if asking.read_outside else {}  # what they store
+        mark = marked(asking.read_outside)  # what they store
         tool_tasks = []
         for n, c in enumerate(response.tool_calls):
             key = f"{ctx.task.id}.{cp['round']}.{n}"
@@ -252,7 +252,7 @@ class Turn(TaskDef):
         conv_id = ctx.task.conversation_id
         if cp.get("note"):  # near a spending cap: said once, with this answer
             text = f"{text}\n\n{cp['note']}"
-        mark = {MARK: cp["read_outside"]} if cp.get("read_outside") else {}
+        mark = marked(cp.get("read_outside"))
         ctx.writes.append(conv_id, "assistant", text, task_id=ctx.task.id,
                           data={"final": True, "answers_upto": cp["upto"], "error": error,
                                 **mark})

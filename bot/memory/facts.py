@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from bot.provenance import MARK, Marked, first
+from bot.provenance import MARK, Marked, first, marked
 from bot.runtime import Policy
 from bot.tools import ToolContext, ToolResult, tool
 from bot.tools.items import ensure_ids, find_index, numbers_hint, take_id, with_ids
@@ -190,7 +190,7 @@ async def remember_fact(
                 _mark(item, ctx.outside)  # the person restating it makes it theirs
                 return
         root["items"].append({"id": take_id(root), "text": text, "since": _stamp(),
-                              **({MARK: ctx.outside} if ctx.outside else {})})
+                              **marked(ctx.outside)})
     return await _edit(ctx, change)
 
 

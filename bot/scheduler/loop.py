@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import TURN
-from bot.provenance import MARK
+from bot.provenance import marked
 from bot.runtime.killpoints import kill_point
 from bot.runtime.supervision import LoopHealth
 from bot.scheduler.triggers import (
@@ -135,7 +135,7 @@ class Scheduler:
                               "schedule": s.id, "occurrence": occurrence.isoformat()},
                        conversation_id=conversation_id, dedupe_key=key)
         # Made from outside text: its words are that text's, never the person's own.
-        mark = {MARK: f"a reminder made from {s.origin}"} if s.origin else {}
+        mark = marked(s.origin and f"a reminder made from {s.origin}")
         w.append(conversation_id, "user", text, author="scheduler", ref=key, task_id=turn,
                  data={"schedule": s.id, "occurrence": occurrence.isoformat(), "late": late,
                        "missed": missed, **mark})

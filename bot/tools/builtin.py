@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 from pydantic import Field
 
-from bot.provenance import MARK, first
+from bot.provenance import MARK, first, marked
 from bot.runtime.definitions import Policy
 from bot.tools.base import Tool, ToolContext, ToolResult, tool
 from bot.tools.guarded_http import guarded_client
@@ -301,7 +301,7 @@ async def todo(
         if not text:
             raise ValueError("add needs `item`: the text of the new item")
         items.append({"id": take_id(draft.root), "text": text, "done": False,
-                      **({MARK: ctx.outside} if ctx.outside else {})})
+                      **marked(ctx.outside)})
     elif action in ("complete", "reopen", "remove"):
         index = None if number is None else find_index(items[:], number)
         if index is None:
