@@ -87,7 +87,7 @@ class SlackConnector:
                                        s.max_file_bytes),
                            people=People(self.web), working=self.working,
                            agent_name=config.agent.name)
-        self.inbox.has_answer = self.messages.has_answer
+        self.inbox.answer_to = self.messages.answer_to
         self.catchup = CatchUp(port, s, self.web, self.inbox)
         self.inbox.settled = self.catchup.settled
         self.clicks = Clicks(port, self.web)

@@ -12,9 +12,11 @@ from typing import NamedTuple
 
 from slack_sdk.errors import SlackApiError
 
-from bot.port import known_timezone
+from bot.port import answer_key, known_timezone
 
 from .events import Identity, Inbound, unescape
+from .messages import META_TYPE, answered_by
+from .routing import CHANNEL
 from .web import SlackWeb
 
 log = logging.getLogger(__name__)
@@ -82,32 +84,56 @@ class People:
 
 async def thread_history(web: SlackWeb, me: Identity, people: People, ev: Inbound, *,
                          own_name: str) -> list[dict]:
-    """The thread's messages before `ev`, for `bot.agent.inbox.add_history`."""
+    """The thread's messages before `ev`, for `bot.agent.inbox.add_history`, with Steward's
+    answers to them even where Slack shows those after `ev` (a home restored from a backup
+    joins a thread its predecessor answered in: Slack keeps time order, so the answer to a
+    reply can come after the next reply, and without it that reply would look unanswered)."""
     assert ev.thread_ts is not None
-    messages: list[dict] = []
+    thread: list[dict] = []
     cursor = None
     for _ in range(PAGES):
         page = await web.call("conversations_replies", channel=ev.channel, ts=ev.thread_ts,
-                              latest=ev.ts, inclusive=False, limit=200, cursor=cursor)
-        messages += [m for m in page.get("messages") or [] if float(m["ts"]) < float(ev.ts)]
+                              limit=200, cursor=cursor, include_all_metadata=True)
+        thread += page.get("messages") or []
         cursor = (page.get("response_metadata") or {}).get("next_cursor")
         if not cursor:
             break
+
+    def mine(m: dict) -> bool:
+        return m.get("user") == me.user_id or bool(m.get("bot_id") and
+                                                    m.get("bot_id") == me.bot_id)
+
+    before = [m for m in thread if float(m["ts"]) < float(ev.ts)][-MAX_THREAD_MESSAGES:]
+    asked = {m["ts"] for m in before if not mine(m)}
+    keys = {answer_key(CHANNEL, f"{ev.channel}:{ts}") + ".answer" for ts in asked}
+    later = [m for m in thread if float(m["ts"]) > float(ev.ts) and mine(m)
+             and _answers(m, keys, asked)]
     out = []
-    for m in messages[-MAX_THREAD_MESSAGES:]:
-        mine = m.get("user") == me.user_id or (m.get("bot_id") and m.get("bot_id") == me.bot_id)
+    for m in before + later:
         text = unescape(m.get("text") or "")[:MAX_MESSAGE_CHARS]
         for f in m.get("files") or []:
             text += f"\n[attached file: {f.get('name') or f.get('id')}]"
         if not text.strip():
             continue
-        author = own_name if mine else await people.name(m.get("user") or m.get("bot_id")
-                                                           or "someone")
+        author = own_name if mine(m) else await people.name(m.get("user") or m.get("bot_id")
+                                                              or "someone")
         out.append({"ref": f"{ev.channel}:{m['ts']}", "text": text, "author": author,
-                    "role": "assistant" if mine else "user",
+                    "role": "assistant" if mine(m) else "user",
                     "data": {"slack": {"channel": ev.channel, "ts": m["ts"],
                                        "user": m.get("user")}}})
     return out
+
+
+def _answers(message: dict, keys: set[str], asked: set[str]) -> bool:
+    """Whether a post of Steward's says it answers one of `asked` (its key, any part of
+    it, or the follow-ups it took in: connectors/slack/messages.py)."""
+    meta = message.get("metadata") or {}
+    if meta.get("event_type") != META_TYPE:
+        return False
+    key = (meta.get("event_payload") or {}).get("key")
+    if isinstance(key, str) and key.split("#")[0] in keys:
+        return True
+    return bool(asked.intersection(answered_by(message)))
 
 
 async def replies_after(web: SlackWeb, ev: Inbound) -> list[dict]:

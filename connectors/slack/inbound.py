@@ -50,6 +50,7 @@ from .events import Identity, Inbound, clean_text, is_event_id, parse
 from .files import Files
 from .history import People, replies_after, thread_history
 from .lanes import Lanes
+from .messages import Posted
 from .routing import CHANNEL, HISTORY_CHANNEL, deleted_ref
 from .working import Working
 
@@ -145,9 +146,9 @@ class Inbox:
         self.agent_name = agent_name
         self.done = done  # an event's processing committed (the journal forgets it)
         self.settled = settled  # the same for a message caught up from history
-        # Whether Slack already shows an answer to a message (Messages.has_answer): asked
-        # in a home just restored from a backup, for what its predecessor answered.
-        self.has_answer: Callable[[dict, str], Awaitable[bool]] | None = None
+        # Steward's posts Slack shows answering a message (Messages.answer_to): asked in a
+        # home just restored from a backup, for what its predecessor answered.
+        self.answer_to: Callable[[dict, str], Awaitable[list[Posted]]] | None = None
         self.me: Identity | None = None
         self.lanes = Lanes(self._process, concurrency)
         self.outages = Outages()
@@ -305,10 +306,10 @@ class Inbox:
             return
         followed = await self._followed(key)
         if not (routing.always_addressed(ev) or followed) and ev.thread_ts \
-                and self.has_answer is not None and self.port.reconciling():
+                and self.answer_to is not None and self.port.reconciling():
             # A home restored from a backup has no transcript of a thread its predecessor
             # joined after the snapshot: Slack shows whether Steward spoke in it.
-            followed = await self.has_answer(routing.reply_to(ev), ev.thread_ts) or \
+            followed = bool(await self.answer_to(routing.reply_to(ev), ev.thread_ts)) or \
                 await self._spoke_in(ev)
         if not (routing.always_addressed(ev) or followed):
             return
@@ -352,13 +353,13 @@ class Inbox:
     async def _submit(self, ev: Inbound, key: str, ids: list[str], text: str, *,
                       attachments: list[dict] = ()) -> None:
         where = routing.reply_to(ev)
-        if self.has_answer is not None and self.port.reconciling() and \
-                await self.has_answer({**where, "message_ts": ev.ts}, ev.ts):
+        if self.answer_to is not None and self.port.reconciling():
             # A restored home takes in again what came after the snapshot (the journal, the
             # catch-up, a retried event); its predecessor may have answered it already.
-            await self.port.skip(CHANNEL, ids, {"skipped": "answered before the restore"})
-            log.info("slack: %s was answered before the restore", ids[-1])
-            return
+            answer = await self.answer_to({**where, "message_ts": ev.ts}, ev.ts)
+            if answer:
+                await self._answered_before(ev, key, ids, text, answer)
+                return
         person = await self.people.person(ev.user)
         accepted = await self.port.submit(
             channel=CHANNEL, external_ids=ids, conversation_key=key, text=text,
@@ -369,6 +370,22 @@ class Inbox:
                   **({REF: list(attachments)} if attachments else {})})
         if not accepted.duplicate:
             await self.working.start(where)
+
+    async def _answered_before(self, ev: Inbound, key: str, ids: list[str], text: str,
+                               answer: list[Posted]) -> None:
+        """A message the home before a restore answered: not answered again, but taken
+        into the transcript with that answer as history, so the next message's context
+        does not show it waiting for one."""
+        person = await self.people.person(ev.user)
+        said = [{"ref": f"{ev.channel}:{ev.ts}", "text": text, "author": person.name,
+                 "data": {"slack": {"channel": ev.channel, "ts": ev.ts, "user": ev.user}}}]
+        said += [{"ref": f"{p.channel}:{p.ts}", "text": p.text, "author": self.agent_name,
+                  "role": "assistant", "data": {"slack": {"channel": p.channel, "ts": p.ts}}}
+                 for p in answer]
+        await self.port.history(channel=CHANNEL, conversation_key=key, messages=said,
+                                owner=routing.owner(ev), scope=routing.scope(ev))
+        await self.port.skip(CHANNEL, ids, {"skipped": "answered before the restore"})
+        log.info("slack: %s was answered before the restore", ids[-1])
 
     async def _refuse(self, ev: Inbound, key: str, ids: list[str]) -> None:
         # Created with its owner and scope like any other: a refused DM must not make a

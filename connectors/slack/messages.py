@@ -148,13 +148,19 @@ class Messages:
         return all(t in said or f"{answer_key(CHANNEL, f'{channel}:{t}')}.answer" in keys
                    for t in ts)
 
-    async def has_answer(self, where: dict[str, Any], ts: str) -> bool:
-        """Whether Slack shows an answer of Steward's to the message `ts` at `where` (read
-        from the message on): keyed by it, or saying it answers it."""
+    async def answer_to(self, where: dict[str, Any], ts: str) -> list[Posted]:
+        """Steward's posts that Slack shows answering the message `ts` at `where` (read
+        from the message on), oldest first: keyed by it, or saying they answer it. Empty
+        if there is none."""
         where = await self.resolve(where)
-        if not self.answered(where["channel"], (ts,)):
+        channel = where["channel"]
+        if not self.answered(channel, (ts,)):
             await self._scan(where)
-        return self.answered(where["channel"], (ts,))
+        key = f"{answer_key(CHANNEL, f'{channel}:{ts}')}.answer"
+        posts = {p.ts: p for k, p in self._known.items()
+                 if p is not None and p.channel == channel
+                 and (k == key or k.startswith(key + "#") or ts in p.answers)}
+        return [posts[t] for t in sorted(posts, key=float)]
 
     async def _scan(self, where: dict[str, Any], *, whole: bool = False) -> None:
         """Read the channel (or thread) after the user's message and remember every

@@ -1,0 +1,77 @@
+"""A home restored from a backup joins a Slack thread its predecessor spoke in after the
+snapshot: what it takes in as the thread's history must show what was already answered,
+or the next message makes the model answer an old one again (the restore test's race:
+Slack keeps the thread in time order, so the predecessor's answer to a reply can come
+after the next reply, and a history cut at that reply showed the first one unanswered).
+
+In process (tests/fakes/slack_rig.py) against the fake Slack, the home marked restored the
+way bot/app/wiring.py marks it (`reconcile_until`)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from bot.agent.inbox import answer_key
+from connectors.slack.messages import META_TYPE
+from tests.fakes.slack_events import says
+from tests.fakes.slack_rig import SlackRig
+from tests.fakes.slack_server import BOT_ID, BOT_USER, TEAM
+
+ALICE, DM = "U0ALICE", "D0ALICE"
+
+
+def answered(slack, channel: str, thread_ts: str | None, text: str, *asked: dict) -> dict:
+    """The predecessor's answer to `asked[0]` (taking in the rest too), as it posted it."""
+    payload = {"key": answer_key("slack", f"{channel}:{asked[0]['ts']}") + ".answer"}
+    if len(asked) > 1:
+        payload["answers"] = [m["ts"] for m in asked[1:]]
+    return slack.add_message(channel, {
+        "user": BOT_USER, "bot_id": BOT_ID, "text": text, "team": TEAM,
+        **({"thread_ts": thread_ts} if thread_ts else {}),
+        "metadata": {"event_type": META_TYPE, "event_payload": payload}})
+
+
+def transcript(request) -> list[tuple[str, str]]:
+    out = []
+    for m in request.messages:
+        content = m.content if isinstance(m.content, str) else json.dumps(m.content)
+        if m.role in ("user", "assistant") and content:
+            out.append((m.role, content))
+    return out
+
+
+async def test_a_restored_home_takes_a_thread_in_with_its_answers(store, tmp_path, slack):
+    # The predecessor's life after the snapshot: Alice opened a thread under her DM
+    # message, replied twice; the answer to the first reply came after the second.
+    top, _ = says(slack, DM, ALICE, "tok-top what time is it?")
+    answered(slack, DM, None, "re tok-top", top)
+    first, _ = says(slack, DM, ALICE, "tok-first look at the clock", thread_ts=top["ts"])
+    second, second_event = says(slack, DM, ALICE, "tok-second what day is it",
+                                thread_ts=top["ts"])
+    answered(slack, DM, top["ts"], "re tok-first", first)
+    answered(slack, DM, top["ts"], "re tok-second", second)
+
+    async with SlackRig(store, tmp_path, slack) as rig:
+        rig.deps.reconcile_until = time.time() + 3600
+        # Slack retries the second reply's event to the restored home: answered before.
+        assert (await rig.send(second_event, retry_num=1))[0] == 200
+        await rig.settle()
+        _, third_event = says(slack, DM, ALICE, "tok-third and now?", thread_ts=top["ts"])
+        assert (await rig.send(third_event))[0] == 200
+        await rig.settle()
+
+    replies = [m["text"] for m in slack.bot_messages(DM, top["ts"])]
+    assert replies == ["re tok-first", "re tok-second", "echo: tok-third and now?"]
+    [request] = [r for r in rig.client.requests if "tok-third" in json.dumps(
+        [m.content for m in r.messages], default=str)]
+    said = transcript(request)
+    # Every earlier message of the thread is followed by its answer before the new one.
+    where = {text.split()[0]: i for i, (_, text) in enumerate(said)}
+    for token, answer in (("tok-first", "re"), ("tok-second", "re")):
+        assert token in where, said
+        follows = said[where[token] + 1:]
+        assert any(role == "assistant" and text == f"{answer} {token}"
+                   for role, text in follows[:3]), said
+    assert said[-1] == ("user", "tok-third and now?") or said[-1][1].endswith(
+        "tok-third and now?"), said
