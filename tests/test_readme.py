@@ -18,14 +18,14 @@ import json
 import os
 import re
 import signal
-import socket
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from bot.app.config import StewardConfig
-from bot.llm.factory import DEMO_BANNER, OLLAMA_URL
+from bot.llm.factory import DEMO_BANNER
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -71,13 +71,18 @@ def check_output(command: str, expected: list[str], actual: list[str]) -> None:
         assert matches(want, got), f"{where}\n(line {got!r} is not {want!r})"
 
 
-def ollama_answers() -> bool:
-    host, port = OLLAMA_URL.removeprefix("http://").split(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
+async def demo_model_answers(env: dict[str, str], tmp_path: Path) -> bool:
+    """Whether Steward, set up as `env` says, falls back to the offline demo model here, as
+    `steward doctor` tells (a throwaway home: the README's stays fresh). A machine with a
+    model server running (Ollama, llama.cpp) has Steward use it instead."""
+    tmp_path.mkdir()
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "doctor", "--json", env={**env, "HOME": str(tmp_path)},
+        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    out, _ = await asyncio.wait_for(probe.communicate(), 120)
+    rows = [json.loads(line) for line in out.decode().splitlines()]
+    (model,) = [row for row in rows if row["check"] == "model"]
+    return "offline demo model" in model["detail"]
 
 
 def newcomer(tmp_path: Path) -> dict[str, str]:
@@ -119,7 +124,7 @@ async def test_the_first_conversation_prints_what_the_readme_shows(tmp_path):
     (block,) = blocks(top, "console")
     shown = session(block)
     env = newcomer(tmp_path)
-    if ollama_answers():
+    if not await demo_model_answers(env, tmp_path / "probe"):
         # a model found on this machine would answer instead of the demo model the README
         # shows; the user's config names the demo model, which then answers the same
         config = Path(env["HOME"]) / ".config" / "steward" / "config.toml"
