@@ -75,7 +75,6 @@ async def demo_model_answers(env: dict[str, str], tmp_path: Path) -> bool:
     """Whether Steward, set up as `env` says, falls back to the offline demo model here, as
     `steward doctor` tells (a throwaway home: the README's stays fresh). A machine with a
     model server running (Ollama, llama.cpp) has Steward use it instead."""
-    tmp_path.mkdir()
     probe = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "doctor", "--json", env={**env, "HOME": str(tmp_path)},
         cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
@@ -92,6 +91,7 @@ def newcomer(tmp_path: Path) -> dict[str, str]:
            if not k.startswith(("STEWARD_", "OPENAI_", "ANTHROPIC_", "XDG_"))}
     env["HOME"] = str(tmp_path / "home")
     (tmp_path / "home").mkdir()
+    (tmp_path / "probe").mkdir()  # where demo_model_answers looks
     return env
 
 
