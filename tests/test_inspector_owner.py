@@ -77,7 +77,7 @@ async def write_history(store) -> dict:
     w.save_schedule(ScheduleWrite(
         id="sch-every", name="water", prompt="Say: drink water",
         trigger={"kind": "interval", "seconds": 7200}, timezone=ZONE,
-        deliver={"channel": "slack"}, next_fire_at=now + 60, conversation_id=anna.id))
+        deliver={"channel": "slack"}, next_fire_at=now + 1200, conversation_id=anna.id))
     approval = w.spawn("approval", {
         "who": "Anna", "summary": "email the report to bob@example.org",
         "call": {"name": "send_email", "arguments": {"to": "bob@example.org"}},
@@ -156,7 +156,7 @@ async def site(request, tmp_path_factory):
 
 
 async def dom(site, path: str, **params):
-    r = await site["http"].get(path, params=params)
+    r = await site["http"].get(path, params=params or None)
     assert r.status_code == 200, r.text
     return lxml.html.fromstring(r.text)
 
@@ -175,8 +175,9 @@ def shown_seqs(doc) -> list[int]:
 
 
 def href(doc, text: str) -> str:
-    [a] = [a for a in doc.xpath("//a") if words(a) == text]
-    return a.get("href")
+    """Where the link(s) called `text` go (the pager is above and below: the same)."""
+    [found] = {a.get("href") for a in doc.xpath("//a") if words(a) == text}
+    return found
 
 
 def params_of(link: str) -> dict:
@@ -248,7 +249,7 @@ async def test_schedules_are_said_in_words(site):
     assert "every weekday at 8:00 Vienna time" in by_name["morning digest"]
     assert "once on 7 Dec 2026 at 09:00 Vienna time" in by_name["stretch"]
     assert "every 2 hours" in by_name["water"]
-    assert "in 1 min" in " ".join(by_name["water"])  # its next time, from now
+    assert re.search(r"\(in \d+ min\)", " ".join(by_name["water"]))  # next, from now
     assert '{"kind"' not in words(doc.xpath("//main")[0])  # no raw trigger JSON
 
 
@@ -389,6 +390,15 @@ async def test_every_page_renders_in_chromium_without_console_errors(site, brows
     await browser.visit(site, path)
     assert shown in await browser.text()
     assert await browser.run("return document.scripts.length") == 0
-    assert_real_page(await browser.screenshot(f"{site['backend']}-{name}"))
+    shot = await browser.screenshot(f"{site['backend']}-{name}")
+    if "#" in path:  # scrolled to the hit: it is in sight, marked
+        top, bottom, marked = await browser.run(
+            "const e = document.getElementById(location.hash.slice(1));"
+            "const r = e.getBoundingClientRect();"
+            "return [r.top, r.bottom, e.classList.contains('hit')]")
+        assert 0 <= top < bottom and marked
+        assert len(shot.getcolors(maxcolors=1 << 22)) > 150
+    else:
+        assert_real_page(shot)
     said = [m for m in await console(browser) if m.get("level") in ("SEVERE", "WARNING")]
     assert said == [], said
