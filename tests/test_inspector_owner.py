@@ -134,6 +134,7 @@ async def site(request, tmp_path_factory):
         made = await write_history(store)
         if request.param == "sqlite":
             await take_backup(config)  # a real one, as `steward backup` takes it
+        await asyncio.to_thread(home.mkdir, mode=0o700, parents=True, exist_ok=True)
         health = Health(home)  # what a serving `steward run` (this process) says
         for name in ("runner", "scheduler", "intake"):
             health.loop(name).progressed()
