@@ -110,6 +110,7 @@ def test_kinds_ages_and_moments_in_words():
     assert ago(3 * 3600) == "3 h ago"
     assert ago(90 * 60) == "1.5 h ago"
     assert ago(5 * 86400) == "5 days ago"
+    assert ago(3599.6) == "1 h ago" and ago(59.6) == "1 min ago"  # never "60 min"
     now = datetime(2026, 3, 4, 12, 0, tzinfo=VIENNA).timestamp()
     at = datetime(2026, 3, 4, 9, 12, tzinfo=VIENNA).timestamp()
     assert moment_in_words(at, VIENNA, now) == "today 09:12"

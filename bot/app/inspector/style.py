@@ -20,7 +20,7 @@ table { border-collapse: collapse; width: 100%; background: var(--paper);
 th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line);
   vertical-align: top; font-size: 14px; }
 th { background: #e8ecf4; font-weight: 600; }
-td { word-break: break-word; }
+td { overflow-wrap: break-word; }
 .empty { color: var(--muted); font-style: italic; }
 .meta { color: var(--muted); font-size: 13px; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 8px 0 16px; }

@@ -62,11 +62,11 @@ def ago(seconds: float) -> str:
 def span(seconds: float) -> str:
     """A duration in its largest sensible unit: "40 s", "5 min", "3 h", "2 days"."""
     seconds = abs(seconds)
-    if seconds < 60:
+    if round(seconds) < 60:
         return f"{seconds:.0f} s"
-    if seconds < 3600:
+    if round(seconds / 60) < 60:
         return f"{seconds / 60:.0f} min"
-    if seconds < 86400 * 2:
+    if round(seconds / 3600) < 48:
         hours = seconds / 3600
         return f"{hours:.0f} h" if hours >= 10 else f"{hours:.1f} h".replace(".0 h", " h")
     return f"{seconds / 86400:.0f} days"
