@@ -56,9 +56,11 @@ def link(text, path: str, **params) -> Html:
     return tag("a", text, href=url(path, **params))
 
 
-def table(header: list[str], rows: Iterable[list], empty: str) -> Html:
+def table(header: list[str], rows: Iterable[list], empty: str, id: str | None = None) -> Html:
+    """A table, or the `empty` sentence when there are no rows; `id` names either."""
     rows = list(rows)
     if not rows:
-        return tag("p", empty, class_="empty")
+        return tag("p", empty, class_="empty", id=id)
     return tag("table", tag("thead", tag("tr", [tag("th", h) for h in header])),
-               tag("tbody", [tag("tr", [tag("td", cell) for cell in row]) for row in rows]))
+               tag("tbody", [tag("tr", [tag("td", cell) for cell in row]) for row in rows]),
+               id=id)

@@ -20,7 +20,7 @@ table { border-collapse: collapse; width: 100%; background: var(--paper);
 th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line);
   vertical-align: top; font-size: 14px; }
 th { background: #e8ecf4; font-weight: 600; }
-td { word-break: break-word; }
+td { overflow-wrap: break-word; }
 .empty { color: var(--muted); font-style: italic; }
 .meta { color: var(--muted); font-size: 13px; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 8px 0 16px; }
@@ -53,4 +53,24 @@ form.inline input { padding: 4px 8px; font: inherit; }
 details summary { cursor: pointer; color: var(--muted); font-size: 13px; }
 svg.chart { background: var(--paper); border: 1px solid var(--line); }
 svg.chart text { font: 12px system-ui, "DejaVu Sans", sans-serif; fill: #3a4252; }
+svg.chart + svg.chart { margin-top: 12px; }
+header form.search { margin-left: auto; display: flex; gap: 6px; }
+header form.search input { padding: 4px 8px; font: inherit; border: 1px solid #51608a;
+  border-radius: 4px; background: #f7f8fc; }
+header form.search button { font: inherit; padding: 3px 10px; border-radius: 4px;
+  border: 1px solid #ffd35c; background: #ffd35c; color: #1d2b4f; cursor: pointer; }
+mark { background: #ffe58a; color: inherit; padding: 0 1px; }
+.entry.hit { border-color: #e0b400; box-shadow: 0 0 0 2px #ffe58a; }
+.hit .head a.conversation { font-weight: 600; }
+.hit .near { color: var(--muted); font-size: 13px; margin: 2px 0; }
+.hit .said { margin: 4px 0; }
+.hit .head a.open { margin-left: 8px; }
+.state-resumes { color: #a05a00; font-weight: 600; }
+.status-ok { color: var(--ok); }
+.status-warn { color: #a05a00; }
+.status-fail { color: var(--warn); }
+.box { background: var(--paper); border: 1px solid var(--line); border-radius: 6px;
+  padding: 10px 16px; margin: 8px 0 14px; }
+code.raw { color: var(--muted); font-size: 12px; }
+time, .nowrap { white-space: nowrap; }
 """

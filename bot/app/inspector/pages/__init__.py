@@ -1,6 +1,6 @@
 """The inspector's pages, one module per area; `ROUTES` is every path the server has."""
 
-from bot.app.inspector.pages import conversations, usage, work
+from bot.app.inspector.pages import conversations, health, search, usage, work
 
 ROUTES = {
     "/": conversations.index,
@@ -13,4 +13,6 @@ ROUTES = {
     "/approvals": work.approvals,
     "/quarantine": work.quarantine,
     "/usage": usage.usage,
+    "/search": search.search,
+    "/health": health.health,
 }

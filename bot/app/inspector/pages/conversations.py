@@ -1,8 +1,8 @@
 """Conversations, a transcript page by page, the exact context, documents as of an entry."""
 
 import json
+import time
 from datetime import datetime
-from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
@@ -17,16 +17,19 @@ from bot.app.inspector.pages.layout import (
     folded,
     int_param,
     page,
+    said,
     source,
     text_param,
-    when,
+    zone,
 )
+from bot.app.inspector.words import amount
 from bot.tools.builtin import TODO_DOCUMENT
 from store import NotFound, conversation_namespace
 
 # Documents a conversation may have under a fixed name; attachments are found through the
 # entries that name them. (The store has no listing of a namespace's documents.)
 KNOWN_DOCUMENTS = (TODO_DOCUMENT,)
+ABOVE_HIT = 5  # newer entries shown above an entry a link lands at
 
 
 async def index(request: web.Request) -> web.Response:
@@ -36,8 +39,8 @@ async def index(request: web.Request) -> web.Response:
     counts = await store.count_tasks()
     approvals = await store.list_tasks(kind=APPROVAL, active=True, limit=100)
     quarantined = await store.list_submissions(state="quarantined", limit=100)
-    zone = ZoneInfo(src.config.agent.timezone)
-    midnight = datetime.now(zone).replace(hour=0, minute=0, second=0, microsecond=0)
+    owner_zone = zone(request)
+    midnight = datetime.now(owner_zone).replace(hour=0, minute=0, second=0, microsecond=0)
     spent = await store.spend_since(midnight.timestamp()) * src.config.limits.per_usd
 
     def card(label, value, href):
@@ -51,13 +54,13 @@ async def index(request: web.Request) -> web.Response:
                 card("failed tasks", counts.get("failed", 0), url("/tasks", state="failed")),
                 card("approvals pending", capped(approvals), "/approvals"),
                 card("quarantined", capped(quarantined), "/quarantine"),
-                card(f"spent today ({src.config.limits.currency})", f"{spent:.2f}", "/usage"),
+                card(f"spent today ({src.config.limits.currency})", amount(spent), "/usage"),
                 class_="cards")
     found = await store.list_conversations(limit=PAGE_SIZE, before_id=before)
     parents = await conversation_keys(store, [c.parent_id for c in found])
     rows = [[link(c.key, "/transcript", key=c.key), c.owner or "-", c.scope, c.last_seq,
              [link(parents[c.parent_id], "/transcript", key=parents[c.parent_id]),
-              f" at {c.fork_at}"] if c.parent_id else "-", when(c.updated_at)]
+              f" at {c.fork_at}"] if c.parent_id else "-", said(c.updated_at, owner_zone)]
             for c in found]
     more = (tag("div", link("older conversations →", "/", before_id=found[-1].id),
                 class_="pager") if len(found) == PAGE_SIZE else "")
@@ -66,10 +69,10 @@ async def index(request: web.Request) -> web.Response:
                       "no conversations yet"), more)
 
 
-def _entry(key: str, e) -> Html:
+def _entry(key: str, e, zone, now: float, hit: bool = False) -> Html:
     data = e.data if isinstance(e.data, dict) else {}
     head = [tag("b", f"#{e.seq}"), f" · {e.kind}",
-            [" · ", tag("b", e.author)] if e.author else "", f" · {when(e.created_at)}",
+            [" · ", tag("b", e.author)] if e.author else "", " · ", said(e.created_at, zone, now),
             f" · ref {e.ref}" if e.ref else "", " · ",
             link("documents as of here", "/document", key=key, at=e.seq)]
     calls = [tag("div", f"→ {c.get('name')}(",
@@ -82,18 +85,29 @@ def _entry(key: str, e) -> Html:
                 if isinstance(a, dict) and a.get("document")]
     return tag("article", tag("div", head, class_="head"),
                tag("pre", clip(e.text)) if e.text else "", calls, attached,
-               folded("data", e.data), class_=f"entry kind-{e.kind}", id=f"e{e.seq}")
+               folded("data", e.data), class_=f"entry kind-{e.kind}" + (" hit" if hit else ""),
+               id=f"e{e.seq}")
 
 
 async def transcript(request: web.Request) -> web.Response:
-    """One page of entries read by cursor (`entries_page`), never the whole history."""
+    """One page of entries, newest first, read by key (`entries_page`: the seq either side
+    of the page, never an offset), so the 10,000th page costs what the first does.
+
+    No parameter: the newest page. `before=N`: the page older than entry N; `after=N`: the
+    page newer than N (`after=0`: the oldest page); `at=N`: the page that holds entry N,
+    a few newer ones above it (a search hit's link), N marked."""
     store = source(request).store
     key = text_param(request, "key", required=True)
     before = int_param(request, "before", low=1)
     after = int_param(request, "after", low=0)
+    at = int_param(request, "at", low=1)
+    if at is not None and before is None and after is None:
+        before = at + ABOVE_HIT + 1
     conv = await store.get_conversation(key)
     entries = await store.entries_page(conv.id, before=before, after=after, limit=PAGE_SIZE)
-    meta = [f"owner {conv.owner or '-'} · scope {conv.scope} · {conv.last_seq} entries",
+    entries = entries[::-1]  # newest first
+    meta = [f"owner {conv.owner or '-'} · scope {conv.scope} · {conv.last_seq} entries, "
+            "newest first",
             f" · context starts after the summary at #{conv.head_seq}" if conv.head_seq
             else "", " · ", link("exact context", "/context", key=key), " · ",
             link("documents", "/document", key=key), " · ",
@@ -102,15 +116,23 @@ async def transcript(request: web.Request) -> web.Response:
         parent = (await conversation_keys(store, [conv.parent_id]))[conv.parent_id]
         meta += [" · forked from ", link(parent, "/transcript", key=parent), f" at #{conv.fork_at}"]
     pager = []
-    if entries and entries[0].seq > 1:
-        pager.append(link("← older", "/transcript", key=key, before=entries[0].seq))
-    if entries and entries[-1].seq < conv.last_seq:
-        pager += [link("newer →", "/transcript", key=key, after=entries[-1].seq),
-                  link("newest ⇥", "/transcript", key=key)]
-    body = ([_entry(key, e) for e in entries] if entries else
+    if entries and entries[0].seq < conv.last_seq:
+        pager += [link("⇤ newest", "/transcript", key=key),
+                  link("← newer", "/transcript", key=key, after=entries[0].seq)]
+    if entries and entries[-1].seq > 1:
+        pager += [link("older →", "/transcript", key=key, before=entries[-1].seq),
+                  link("oldest ⇥", "/transcript", key=key, after=0)]
+    zone_ = zone(request)
+    now = time.time()
+    body = ([_entry(key, e, zone_, now, hit=e.seq == at) for e in entries] if entries else
             tag("p", "no entries here", class_="empty"))
-    return page(key, "/", tag("p", meta, class_="meta"), tag("div", pager, class_="pager"),
-                body, tag("div", pager, class_="pager"))
+    find = tag("form", tag("input", type="hidden", name="key", value=key),
+               tag("input", type="search", name="q", placeholder="Search this conversation",
+                   aria_label="search this conversation", size=28),
+               tag("button", "Search", type="submit"),
+               action="/search", method="get", class_="inline")
+    return page(key, "/", tag("p", meta, class_="meta"), find,
+                tag("div", pager, class_="pager"), body, tag("div", pager, class_="pager"))
 
 
 async def context(request: web.Request) -> web.Response:

@@ -2,17 +2,21 @@
 query string (a bad parameter is the asker's mistake: 400, not a traceback)."""
 
 import json
+import time
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
 from bot.app.inspector.html import Html, tag
 from bot.app.inspector.source import Source
+from bot.app.inspector.words import moment_in_words, zone_of
 from store import NotFound, Store
 
 SOURCE = web.AppKey("source", Source)
 NAV = [("/", "Conversations"), ("/tasks", "Tasks"), ("/approvals", "Approvals"),
-       ("/schedules", "Schedules"), ("/quarantine", "Quarantine"), ("/usage", "Usage")]
+       ("/schedules", "Schedules"), ("/health", "Health"), ("/quarantine", "Quarantine"),
+       ("/usage", "Usage")]
 PAGE_SIZE = 50
 SHOWN_CHARS = 20_000  # of a JSON value or a text; pinned requests and attachments are big
 
@@ -21,18 +25,38 @@ def source(request: web.Request) -> Source:
     return request.app[SOURCE]
 
 
-def page(title: str, section: str, *body) -> web.Response:
+def page(title: str, section: str, *body, query: str | None = None) -> web.Response:
+    """The frame: navigation, and the search box on every page (`query`: its text)."""
     nav = [tag("a", label, href=path, class_="here" if path == section else None)
            for path, label in NAV]
+    search = tag("form", tag("input", type="search", name="q", value=query or "",
+                             placeholder="Search all conversations", aria_label="search",
+                             size=28),
+                 tag("button", "Search", type="submit"),
+                 action="/search", method="get", role="search", class_="search")
     document = Html("<!doctype html>") + tag(
         "html", tag("head", tag("meta", charset="utf-8"),
                     tag("meta", name="viewport", content="width=device-width"),
                     tag("title", f"{title} · Steward"),
+                    tag("link", rel="icon", href="data:,"),  # no /favicon.ico request
                     tag("link", rel="stylesheet", href="/style.css")),
         tag("body", tag("header", tag("span", "Steward inspector", class_="brand"),
-                        tag("nav", nav)),
+                        tag("nav", nav), search),
             tag("main", tag("h1", title), body)), lang="en")
     return web.Response(text=document, content_type="text/html", charset="utf-8")
+
+
+def zone(request: web.Request) -> ZoneInfo:
+    """The owner's zone (`[agent] timezone`), in which the pages say times in words."""
+    return zone_of(source(request).config.agent.timezone)
+
+
+def said(t: float | None, zone: ZoneInfo, now: float | None = None) -> Html:
+    """A time in words ("today 09:12"), with the exact UTC time on hover."""
+    if t is None:
+        return Html("-")
+    return tag("time", moment_in_words(t, zone, time.time() if now is None else now),
+               title=when(t), datetime=datetime.fromtimestamp(t, UTC).isoformat())
 
 
 def when(t: float | None) -> str:

@@ -3,6 +3,8 @@ approvals waiting for a person, quarantined submissions."""
 
 import asyncio
 import json
+import os
+import socket
 import time
 
 from aiohttp import web
@@ -10,7 +12,7 @@ from aiohttp import web
 from bot.agent.approval import KIND as APPROVAL
 from bot.agent.approval import code_of
 from bot.app.doctor_checks import OK, judge_health
-from bot.app.inspector.html import link, table, tag, url
+from bot.app.inspector.html import Html, link, table, tag, url
 from bot.app.inspector.pages.layout import (
     PAGE_SIZE,
     as_json,
@@ -19,10 +21,20 @@ from bot.app.inspector.pages.layout import (
     decoded,
     folded,
     page,
+    said,
     source,
     state_class,
     text_param,
     when,
+    zone,
+)
+from bot.app.inspector.words import (
+    ago,
+    kind_in_words,
+    lease_is_stale,
+    state_in_words,
+    trigger_in_words,
+    waiting_for,
 )
 from bot.runtime.supervision import read_health
 from store import STATES
@@ -30,7 +42,7 @@ from store import STATES
 ERROR_CHARS = 300  # of a task's error in a listing; the task's page has all of it
 
 
-def _session(keys: dict[int, str], conversation_id: int | None):
+def conversation_link(keys: dict[int, str], conversation_id: int | None):
     if conversation_id is None:
         return "-"
     return link(keys[conversation_id], "/transcript", key=keys[conversation_id])
@@ -53,8 +65,12 @@ async def tasks(request: web.Request) -> web.Response:
     found = await store.list_tasks(state=state, kind=kind, conversation_id=conversation_id,
                                    before_id=before, newest_first=True, limit=PAGE_SIZE)
     keys = await conversation_keys(store, [t.conversation_id for t in found])
-    rows = [[link(t.id, "/task", id=t.id), t.kind, state_class(t.state), t.phase or "(start)",
-             t.attempts, t.crashes, _session(keys, t.conversation_id), when(t.updated_at),
+    now = time.time()
+    rows = [[tag("a", kind_in_words(t.kind, t.inputs), href=url("/task", id=t.id),
+                 title=f"task {t.id}"),
+             conversation_link(keys, t.conversation_id), state_said(t, now), t.phase or "start",
+             _nowrap(ago(now - t.created_at)), _nowrap(ago(now - t.updated_at)),
+             _tries(t),
              tag("span", clip(t.error, ERROR_CHARS), class_="error") if t.error else "-"]
             for t in found]
     more = (tag("div", tag("a", "older tasks →",
@@ -65,9 +81,9 @@ async def tasks(request: web.Request) -> web.Response:
                     if value)
     return page("Tasks" + scope, "/tasks", await _serving(source(request).config.home),
                 tag("div", tabs, class_="tabs"),
-                table(["id", "kind", "state", "phase", "attempts", "crashes", "conversation",
-                       "updated", "error"], rows,
-                      f"no {state} tasks" if state else "no tasks"), more)
+                table(["what", "conversation", "state", "step", "started", "last change",
+                       "tries", "error"], rows,
+                      f"no {state} tasks" if state else "no tasks", id="tasks"), more)
 
 
 async def _serving(home) -> str:
@@ -76,6 +92,45 @@ async def _serving(home) -> str:
     status, detail, fix = judge_health(health, time.time())
     return tag("p", f"{detail}{f' ({fix})' if fix else ''}",
                class_="error" if status != OK else None)
+
+
+def alive(owner: str) -> bool | None:
+    """Whether the process named in a lease (`host:pid:…`) is alive: False when it is of
+    this machine and gone, None when it cannot be told (another machine)."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return None
+    return True
+
+
+def state_said(t, now: float) -> Html:
+    """The state in words; a "running" task nobody runs is "interrupted — will resume"
+    (the next `steward run` takes it up again)."""
+    stale = lease_is_stale(t.state, t.lease_owner, t.lease_expires, now, alive)
+    return tag("span", state_in_words(t.state, stale),
+               class_="state-resumes" if stale else f"state-{t.state}",
+               title=f"state {t.state}" + (f", lease of {t.lease_owner} until "
+                                          f"{when(t.lease_expires)}" if t.lease_owner else ""))
+
+
+def _nowrap(text: str) -> Html:
+    return tag("span", text, class_="nowrap")
+
+
+def _tries(t) -> str:
+    said = []
+    if t.attempts:
+        said.append(f"{t.attempts} failed")
+    if t.crashes:
+        said.append(f"{t.crashes} crash{'es' if t.crashes > 1 else ''}")
+    return ", ".join(said) or "-"
 
 
 def _tasks_url(state, kind, key, before_id=None) -> str:
@@ -88,22 +143,26 @@ async def task(request: web.Request) -> web.Response:
     t = await store.get_task(task_id)
     keys = await conversation_keys(store, [t.conversation_id])
     children = await store.list_tasks(parent_id=t.id, limit=PAGE_SIZE)
-    facts = [["kind", t.kind], ["state", state_class(t.state)], ["phase", t.phase or "(start)"],
+    now = time.time()
+    facts = [["what", kind_in_words(t.kind, t.inputs)], ["kind", t.kind],
+             ["state", state_said(t, now)], ["phase", t.phase or "(start)"],
              ["attempts (failed tries of this phase)", t.attempts],
              ["crashes (since its last phase)", t.crashes],
              ["parent", link(t.parent_id, "/task", id=t.parent_id) if t.parent_id else "-"],
-             ["conversation", _session(keys, t.conversation_id)],
+             ["conversation", conversation_link(keys, t.conversation_id)],
              ["waits for", t.wait_mode or "-"], ["due", when(t.run_after or None)],
              ["lease", f"{t.lease_owner} until {when(t.lease_expires)}" if t.lease_owner
               else "-"],
-             ["idempotency key", t.idem_key or "-"], ["created", when(t.created_at)],
-             ["updated", when(t.updated_at)],
+             ["idempotency key", t.idem_key or "-"],
+             ["created", f"{when(t.created_at)} ({ago(now - t.created_at)})"],
+             ["updated", f"{when(t.updated_at)} ({ago(now - t.updated_at)})"],
              ["error", tag("pre", clip(t.error), class_="error") if t.error else "-"]]
-    kids = [[link(c.id, "/task", id=c.id), c.kind, state_class(c.state), c.phase or "(start)",
-             when(c.updated_at)] for c in children]
+    kids = [[tag("a", kind_in_words(c.kind, c.inputs), href=url("/task", id=c.id),
+                 title=f"task {c.id}"), state_said(c, now), c.phase or "(start)",
+             ago(now - c.updated_at)] for c in children]
     return page(f"Task {t.id}", "/tasks", table(["", ""], facts, ""),
                 tag("h2", "Children"),
-                table(["id", "kind", "state", "phase", "updated"], kids, "no child tasks"),
+                table(["what", "state", "step", "last change"], kids, "no child tasks"),
                 tag("h2", "Inputs"), as_json(t.inputs),
                 tag("h2", "Checkpoint"), as_json(t.checkpoint),
                 tag("h2", "Result"), as_json(t.result))
@@ -114,16 +173,27 @@ async def schedules(request: web.Request) -> web.Response:
     everything = request.query.get("all") == "1"
     found = await store.list_schedules(state=None if everything else "active", limit=200)
     keys = await conversation_keys(store, [s.conversation_id for s in found])
-    rows = [[s.name, state_class(s.state), tag("code", json.dumps(s.trigger)), s.timezone,
-             when(s.next_fire_at), when(s.last_fire_at), s.fired,
-             _session(keys, s.conversation_id), s.deliver.get("channel") or "-",
+    owner_zone, now = zone(request), time.time()
+
+    def next_time(s):
+        if s.next_fire_at is None:
+            return "-"
+        return [said(s.next_fire_at, owner_zone, now), f" ({ago(now - s.next_fire_at)})"]
+
+    rows = [[s.name, tag("span", trigger_in_words(s.trigger, s.timezone),
+                         title=json.dumps(s.trigger)),
+             next_time(s), said(s.last_fire_at, owner_zone, now) if s.last_fire_at else "never",
+             f"{s.fired} time{'' if s.fired == 1 else 's'}", state_class(s.state),
+             conversation_link(keys, s.conversation_id), s.deliver.get("channel") or "-",
              tag("pre", clip(s.prompt, 500))] for s in found]
     toggle = (link("only active ones", "/schedules") if everything
               else link("also finished and cancelled ones", "/schedules", all=1))
-    return page("Schedules", "/schedules", tag("p", toggle, class_="meta"),
-                table(["name", "state", "trigger", "zone", "next", "last", "fired",
-                       "conversation", "delivers to", "prompt"], rows,
-                      "no schedules" if everything else "no active schedules"))
+    return page("Schedules", "/schedules",
+                tag("p", f"Times in {owner_zone.key}. ", toggle, class_="meta"),
+                table(["name", "when", "next", "last", "fired", "state", "conversation",
+                       "delivers to", "does"], rows,
+                      "no schedules" if everything else "no active schedules",
+                      id="schedules"))
 
 
 async def approvals(request: web.Request) -> web.Response:
@@ -140,24 +210,37 @@ async def approvals(request: web.Request) -> web.Response:
         return tag("code", c.get("name", "?"), "(",
                    json.dumps(c.get("arguments"), ensure_ascii=False), ")")
 
-    rows = [[when(t.created_at), (t.inputs or {}).get("who") or "-",
-             (t.inputs or {}).get("summary") or "-", call(t),
+    owner_zone, now = zone(request), time.time()
+
+    def asks(t):
+        return f"may I {(t.inputs or {}).get('summary') or 'do this'}?"
+
+    rows = [[waiting_for((t.inputs or {}).get("who"), t.created_at, owner_zone, now),
+             asks(t), tag("details", tag("summary", "the tool call"), call(t)),
              (t.inputs or {}).get("channel") or "-", tag("code", code_of(t.id)),
-             when((t.inputs or {}).get("expires_at")), _session(keys, t.conversation_id),
-             link("task", "/task", id=t.id)] for t in waiting]
-    done = [[when(t.updated_at), (t.inputs or {}).get("who") or "-",
-             (t.inputs or {}).get("summary") or "-",
-             (t.result or {}).get("approval") or t.state, _session(keys, t.conversation_id),
-             link(t.id, "/task", id=t.id)] for t in answered]
+             _expires((t.inputs or {}).get("expires_at"), now),
+             conversation_link(keys, t.conversation_id)] for t in waiting]
+    done = [[said(t.updated_at, owner_zone, now), (t.inputs or {}).get("who") or "-", asks(t),
+             (t.result or {}).get("approval") or t.state,
+             conversation_link(keys, t.conversation_id), link("task", "/task", id=t.id)]
+            for t in answered]
     return page("Approvals pending", "/approvals",
                 tag("p", "Answer in the conversation the request went to (yes CODE / no "
                          "CODE, or Slack's buttons); this page only shows them.",
                     class_="meta"),
-                table(["asked", "who", "may I", "tool call", "channel", "code", "expires",
-                       "conversation", "task"], rows, "no approvals pending"),
+                table(["waiting", "asks", "tool call", "channel", "code", "refused unless "
+                       "answered", "conversation"], rows, "no approvals pending",
+                      id="approvals"),
                 tag("h2", "Recently settled"),
-                table(["settled", "who", "may I", "outcome", "conversation", "task"], done,
-                      "none settled yet"))
+                table(["settled", "who", "asked", "outcome", "conversation", "task"], done,
+                      "none settled yet", id="settled"))
+
+
+def _expires(at, now: float) -> str:
+    try:
+        return ago(now - float(at))
+    except (TypeError, ValueError):
+        return "-"
 
 
 async def quarantine(request: web.Request) -> web.Response:
