@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 
 import httpx
-import pytest
 
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
@@ -106,10 +105,13 @@ async def test_a_2048_token_server_behind_the_default_128000_keeps_answering(tmp
             code, out, err = await steward(home, "ask", f"and now a short question {n}",
                                            env=env)
             assert (code, out.strip()) == (0, "ok"), (out, err)
+        # The paste was summarised on the way (the window was full), so an explicit
+        # compaction now finds the rest too recent; either way it works.
+        assert [c.summary for c in server.calls].count(True) >= 1
         code, out, err = await steward(home, "compact", "cli:default", env=env)
-        assert code == 0, err
-        assert out.startswith("compacted"), out
-        assert all(c.prompt_tokens < 2048 for c in server.calls[1:])
+        assert code == 0 and out.startswith(("compacted", "nothing to compact")), (out, err)
+        assert server.overflows == 0
+        assert all(c.prompt_tokens + c.max_tokens <= 2048 for c in server.calls)
 
 
 async def test_at_an_8192_window_compaction_is_not_a_task_per_turn(tmp_path):
