@@ -132,3 +132,111 @@ async def test_at_an_8192_window_compaction_is_not_a_task_per_turn(tmp_path):
             assert len(summaries) >= len(compactions) - 1
             assert server.overflows == 0
             assert all(c.prompt_tokens + c.max_tokens <= 8192 for c in server.calls)
+
+
+async def test_a_4096_token_server_holds_a_200_turn_conversation(tmp_path):
+    """The target: a 4k-context llama.cpp (learned from /props, with the default
+    128000 configured), the default tools offered, 200 turns: every one answered, summaries
+    written by a small number of compactions, and no request over the window."""
+    from bot.agent.capacity import learn_at_start
+
+    with LocalModelServer("llamacpp", n_ctx=4096,
+                          answer=lambda body: "noted, " + "fine words " * 8) as server:
+        async with agent(tmp_path, server) as a:
+            await learn_at_start(a.store, a.config, a.deps.client, a.http)
+            assert a.config.llm.window == 4096
+            for n in range(200):
+                said = f"turn {n}: " + " ".join(f"w{n}x{k}" for k in range(12 + n % 20))
+                assert answered(await a.say(said)), n
+            compactions = await a.tasks("compact")
+            summaries = await a.entries("compaction")
+    turns = [c for c in server.calls if not c.summary]
+    assert len(turns) == 200 and all(c.tools for c in turns)  # the tools fit, and stayed
+    assert server.overflows == 0
+    assert all(c.prompt_tokens + c.max_tokens <= 4096 for c in server.calls)
+    assert all(t.state == DONE for t in compactions)
+    assert len(summaries) >= 5
+    assert len(compactions) <= 200 // 5, len(compactions)
+    assert sum(1 for t in compactions if "skipped" in (t.result or {})) <= 2
+
+
+async def test_the_overflow_error_teaches_the_window_and_it_is_kept(tmp_path):
+    """A server that does not say its size (no /props, no size in /models) answers an
+    overflow with it: the turn is answered after all (compacted, the request made for
+    that size), and the size is stored for the next start."""
+    from bot.agent import capacity
+
+    with LocalModelServer("llamacpp", n_ctx=3000, newer=False) as server:
+        server.props = lambda: {}  # a server that does not say
+        async with agent(tmp_path, server) as a:
+            for n in range(12):
+                assert answered(await a.say(f"message {n} " + "filler text " * 80)), n
+            assert server.overflows == 1
+            assert a.config.llm.window == 3000
+            key = capacity.key_of(a.deps.client)
+            assert (await capacity.stored(a.store, key))["context_tokens"] == 3000
+            fresh = build_config(llm_section(server), home=tmp_path)
+            await capacity.learn_at_start(a.store, fresh, a.deps.client, a.http)
+            assert fresh.llm.window == 3000  # /models gives 32768 trained: the error wins
+
+
+# -- what the servers say ---------------------------------------------------------------
+
+
+async def test_discovery_reads_llamacpp_and_ollama_as_they_answer():
+    from bot.llm.discovery import discover
+
+    async with httpx.AsyncClient() as http:
+        with LocalModelServer("llamacpp", n_ctx=2048) as server:
+            facts = await discover(http, f"{server.url}/v1", "whatever", "compatible")
+            assert (facts.context_tokens, facts.tools) == (2048, True)
+            assert facts.source == "llama.cpp /props" and facts.models == (server.model,)
+        with LocalModelServer("llamacpp", n_ctx=8192, tools=False, newer=False) as server:
+            facts = await discover(http, f"{server.url}/v1", server.model, "llamacpp")
+            assert (facts.context_tokens, facts.tools) == (8192, False)  # older /props
+        with LocalModelServer("ollama", n_ctx=8192, n_ctx_train=131072) as server:
+            facts = await discover(http, f"{server.url}/v1", server.model, "ollama")
+            assert (facts.context_tokens, facts.tools, facts.source) == (
+                8192, True, "Ollama /api/ps")
+        with LocalModelServer("ollama", n_ctx_train=131072, num_ctx=16384, tools=False,
+                              newer=False) as server:
+            facts = await discover(http, f"{server.url}/v1", server.model, "compatible")
+            assert (facts.context_tokens, facts.tools) == (16384, False)  # Modelfile num_ctx
+        with LocalModelServer("ollama", n_ctx_train=131072, newer=False) as server:
+            facts = await discover(http, f"{server.url}/v1", server.model, "ollama")
+            assert facts.context_tokens == 4096  # Ollama's own default, not the 131072
+        facts = await discover(http, "http://127.0.0.1:9/v1", "m", "compatible")
+        assert not facts  # nothing answers: nothing learned
+
+
+def test_the_words_of_overflow_errors_and_model_listings():
+    from bot.llm.discovery import from_models, from_overflow
+
+    llamacpp = ('{"error":{"code":400,"message":"request (4472 tokens) exceeds the available '
+                'context size (2048 tokens), try increasing it","type":'
+                '"exceed_context_size_error","n_prompt_tokens":4472,"n_ctx":2048}}')
+    assert from_overflow(llamacpp) == 2048
+    assert from_overflow("", "the request exceeds the available context size (4096 "
+                             "tokens), try increasing it") == 4096
+    assert from_overflow('{"error":{"message":"This model\'s maximum context length is '
+                         '8192 tokens. However, you requested 9000 tokens"}}') == 8192
+    assert from_overflow('{"error":"prompt is too long"}') is None
+    vllm = {"data": [{"id": "Qwen/Qwen2.5-7B", "max_model_len": 32768}]}
+    assert from_models(vllm, "Qwen/Qwen2.5-7B").context_tokens == 32768
+    lmstudio = {"data": [{"id": "a", "context_length": 4096}, {"id": "b"}]}
+    assert from_models(lmstudio, "a").context_tokens == 4096
+    assert from_models(lmstudio, "b").context_tokens is None
+    assert from_models(lmstudio, "c").models == ("a", "b")
+
+
+def test_the_learned_window_only_lowers_the_configured_one(tmp_path):
+    config = build_config({"llm": {"context_window": 8192}}, home=tmp_path)
+    config.llm.learn(context_tokens=32768)
+    assert config.llm.window == 8192 and config.llm.output_tokens == 8192 // 5
+    config.llm.learn(context_tokens=2048)
+    assert config.llm.window == 2048 and config.llm.output_tokens == 409
+    default = build_config({}, home=tmp_path)
+    assert (default.llm.window, default.llm.output_tokens) == (128000, 4096)
+    chosen = build_config({"llm": {"max_output_tokens": 1000}}, home=tmp_path)
+    chosen.llm.learn(context_tokens=2048)
+    assert chosen.llm.output_tokens == 1000  # set in the file, and it still leaves room

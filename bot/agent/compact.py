@@ -42,7 +42,7 @@ async def marks_for(deps: AgentDeps, conversation_id: int, ratio: float) -> Mark
     config = deps.config
     facts = await facts_for(deps.store, conversation_id, config.compaction.facts_chars)
     fixed = len(prompt_with_facts(config, facts)) + tools_chars(
-        offered_tools(config, deps.toolbox.specs(), ratio))
+        offered_tools(config, deps.toolbox.specs()))
     return marks(config.llm, config.compaction, int(fixed * ratio) + 1)
 
 

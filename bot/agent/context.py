@@ -66,22 +66,29 @@ def prompt_with_facts(config: Config, facts: str) -> str:
 # The most of the request the tool schemas may take: past it (a 2k window holds little
 # more than the eight built-in tools' ~1,800 tokens) they are left out and the model just
 # answers; `steward doctor` says so.
-TOOLS_SHARE = 0.6
+TOOLS_SHARE = 2 / 3
 
 
-def offered_tools(config: Config, tools: list[ToolSpec], ratio: float) -> list[ToolSpec]:
+def offered_tools(config: Config, tools: list[ToolSpec]) -> list[ToolSpec]:
     """The tools a request can carry: none when the server's template drops them
-    (`[llm]` learned so), or when their schemas would crowd out the conversation."""
+    (`[llm]` learned so), or when their schemas would crowd out the conversation. Judged
+    by the window alone (at the cautious CHARS_PER_TOKEN, not the conversation's measured
+    ratio, which moves with them): the same answer every turn."""
     if not tools or not config.llm.takes_tools:
         return []
     limit = config.llm.window - config.llm.output_tokens
-    if tools_chars(tools) * ratio > TOOLS_SHARE * limit:
+    if tools_chars(tools) / CHARS_PER_TOKEN > TOOLS_SHARE * limit:
         return []
     return tools
 
 
 def tools_chars(tools: list[ToolSpec]) -> int:
-    return sum(schema_chars(t.parameters) + len(t.description) for t in tools)
+    """What the tools add to a request: their names, descriptions and schemas."""
+    return sum(schema_chars(t.parameters) + len(t.description) + len(t.name) + TOOL_FRAME
+               for t in tools)
+
+
+TOOL_FRAME = 40  # the JSON around one tool's name, description and schema
 
 
 @dataclass
@@ -472,7 +479,7 @@ def request_chars(request: Request) -> int:
             n += sum(len(str(c.arguments)) + 50 for c in m.tool_calls)
         if m.images:
             n += sum(i.chars for i in m.images)
-    return n + sum(schema_chars(t.parameters) for t in request.tools)
+    return n + tools_chars(request.tools)
 
 
 _SCHEMAS: dict[int, tuple[dict, int]] = {}  # a tool's schema is the same dict every turn
@@ -526,7 +533,7 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
             tokens_per_char(store, conversation_id), facts)
     window_tokens = config.llm.window - config.llm.output_tokens
     prompt = prompt_with_facts(config, facts)
-    tools = offered_tools(config, tools, ratio)
+    tools = offered_tools(config, tools)
     fixed = len(prompt) + tools_chars(tools)
     budget = max(int(window_tokens / ratio) - fixed, 2000)
     if cache is not None:
