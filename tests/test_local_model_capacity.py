@@ -9,10 +9,11 @@ import asyncio
 import contextlib
 
 import httpx
+import pytest
 
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
-from bot.app.config import build_config
+from bot.app.config import ConfigError, build_config
 from bot.app.wiring import build_registry, build_toolbox
 from bot.llm.openai import OpenAIClient
 from bot.runtime import Runner, RunnerOptions
@@ -240,3 +241,102 @@ def test_the_learned_window_only_lowers_the_configured_one(tmp_path):
     chosen = build_config({"llm": {"max_output_tokens": 1000}}, home=tmp_path)
     chosen.llm.learn(context_tokens=2048)
     assert chosen.llm.output_tokens == 1000  # set in the file, and it still leaves room
+
+
+# -- doctor ------------------------------------------------------------------------------
+
+
+async def local_doctor(tmp_path, server, provider="llamacpp"):
+    from tests.test_doctor import doctor
+
+    home = tmp_path / f"home-{server.n_ctx}-{server.tools}"
+    home.mkdir(mode=0o700)
+    (home / "config.toml").write_text(
+        f'[llm]\nprovider = "{provider}"\nbase_url = "{server.url}/v1"\n')
+    _, rows, _ = await doctor(home)
+    return rows["model"]
+
+
+async def test_doctor_says_what_the_model_can_hold_and_do(tmp_path):
+    with LocalModelServer("llamacpp", n_ctx=8192) as server:
+        row = await local_doctor(tmp_path, server)
+        assert row["status"] == "ok", row
+        assert f"llamacpp {server.model}: first answer after" in row["detail"]
+        assert "context 8,192 tokens (llama.cpp /props)" in row["detail"]
+        assert "tools reach the model" in row["detail"]
+    with LocalModelServer("llamacpp", n_ctx=8192, tools=False) as server:
+        row = await local_doctor(tmp_path, server)
+        assert row["status"] == "warn" and row["detail"].startswith(
+            "this model's template drops tools: memory and reminders will not work"), row
+        assert "--chat-template-file" in row["fix"]
+    with LocalModelServer("ollama", n_ctx=2048) as server:
+        row = await local_doctor(tmp_path, server, "ollama")
+        assert row["status"] == "warn", row
+        assert row["detail"].startswith("the window is too small for the tools")
+        assert "context 2,048 tokens (Ollama /api/ps)" in row["detail"]
+        assert "at least 4,096 tokens" in row["fix"]
+
+
+async def test_tools_are_not_offered_to_a_template_that_drops_them(tmp_path):
+    from bot.agent.capacity import learn_at_start
+
+    with LocalModelServer("llamacpp", n_ctx=8192, tools=False) as server:
+        async with agent(tmp_path, server) as a:
+            await learn_at_start(a.store, a.config, a.deps.client, a.http)
+            assert answered(await a.say("remember that I like tea"))
+    assert [c.tools for c in server.calls] == [0]
+
+
+# -- the provider names, the presets and init ----------------------------------------------
+
+
+def test_every_provider_init_offers_is_one_the_config_accepts(tmp_path):
+    from bot.app import cli, presets
+    from bot.config import PROVIDERS
+
+    assert set(cli.PROVIDERS) == set(presets.PROVIDERS) <= set(PROVIDERS)
+    for name in presets.PROVIDERS:
+        written, *_ = presets.PROVIDERS[name]
+        section = {"provider": written} if written else {}
+        if name == "compatible":
+            section["base_url"] = "http://127.0.0.1:1234/v1"
+        build_config({"llm": section}, home=tmp_path)  # raises if it does not load
+    said = {name: build_config({"llm": {"provider": name, "base_url": "http://h/v1"}},
+                               home=tmp_path).llm.provider for name in PROVIDERS}
+    assert said["auto"] is None and said["demo"] == "scripted"
+    assert said["ollama"] == "ollama" and said["llamacpp"] == "llamacpp"
+    with pytest.raises(ConfigError, match="compatible.*base_url"):
+        build_config({"llm": {"provider": "compatible"}}, home=tmp_path)
+
+
+async def test_the_local_presets_find_their_server_and_model(tmp_path):
+    from bot.llm import factory
+
+    async with httpx.AsyncClient() as http:
+        with LocalModelServer("llamacpp") as server:
+            config = build_config({"llm": {"provider": "llamacpp",
+                                           "base_url": f"{server.url}/v1"}}, home=tmp_path)
+            client, _ = await factory.make_client(config.llm, env={}, http=http)
+            assert (client.provider, client.model) == ("llamacpp", server.model)
+        with LocalModelServer("ollama") as server:
+            config = build_config({"llm": {"provider": "ollama",
+                                           "base_url": f"{server.url}/v1"}}, home=tmp_path)
+            client, _ = await factory.make_client(config.llm, env={}, http=http)
+            assert (client.provider, client.model) == ("ollama", server.model)
+    assert factory.LOCAL_BASE_URLS == {"ollama": "http://127.0.0.1:11434/v1",
+                                       "llamacpp": "http://127.0.0.1:8080/v1"}
+
+
+async def test_init_offers_a_running_llamacpp_with_its_context_size(tmp_path):
+    from tests.test_init import loads, no_ollama, written
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with LocalModelServer("llamacpp", n_ctx=4096) as server:
+        code, out, err = await steward(home, "init", "--yes", "--ollama-url", no_ollama(),
+                                       "--llamacpp-url", server.url)
+    assert code == 0, err
+    config = loads(written(home))
+    assert (config.llm.provider, config.llm.base_url) == ("llamacpp", f"{server.url}/v1")
+    assert config.llm.model == server.model
+    assert "4,096 tokens" in out
