@@ -316,7 +316,7 @@ async def model(ctx):
         f"({reply.usage.input_tokens} + {reply.usage.output_tokens} tokens)"
     from bot.app.wiring import build_toolbox
 
-    every = (await build_toolbox(ctx.config)).specs()
+    every = (await build_toolbox(ctx.config)).specs() if facts is not None else []
     status, notes, fix = _capacity_row(ctx.config, facts, every)
     return status, "; ".join([*notes[:1], said, *notes[1:]]) if status != OK \
         else "; ".join([said, *notes]), fix
