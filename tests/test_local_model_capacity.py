@@ -340,3 +340,12 @@ async def test_init_offers_a_running_llamacpp_with_its_context_size(tmp_path):
     assert (config.llm.provider, config.llm.base_url) == ("llamacpp", f"{server.url}/v1")
     assert config.llm.model == server.model
     assert "4,096 tokens" in out
+
+
+def test_a_server_on_this_machine_or_the_lan_is_asked_at_every_start():
+    from bot.agent.capacity import nearby
+
+    assert all(map(nearby, ["http://127.0.0.1:8080/v1", "http://localhost:11434/v1",
+                            "http://192.168.1.5:8080/v1", "http://nas.local:8080/v1",
+                            "http://[::1]:8080/v1"]))
+    assert not nearby("https://openrouter.ai/api/v1")  # asked once, then stored

@@ -9,11 +9,13 @@ so a start while the server is down still knows; and applied to `[llm]`
 The configured `context_window` stays the upper bound: what is learned only lowers it.
 
 Hosted providers (OpenAI's and Anthropic's own URLs) are not asked: their windows are
-large, and their model lists do not say.
+large, and their model lists do not say. Another hosted server (OpenRouter, say) is asked
+once; a server on this machine or the LAN at every start (`nearby`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 
@@ -38,6 +40,19 @@ def kind_of(client) -> str | None:
             or base_url.startswith(HOSTED):
         return None
     return client.provider if client.provider in ("llamacpp", "ollama") else "compatible"
+
+
+def nearby(base_url: str) -> bool:
+    """Whether the server is on this machine or the LAN (asked at every start: it may have
+    been restarted with another context size) rather than a hosted one (asked once)."""
+    host = httpx.URL(base_url).host
+    if host == "localhost" or host.endswith((".local", ".lan", ".home.arpa")):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return "." not in host  # a bare host name on the LAN
+    return address.is_private or address.is_loopback or address.is_link_local
 
 
 def key_of(client) -> str:
@@ -79,8 +94,11 @@ async def learn_at_start(store: Store, config: Config, client,
     if kind is None:
         return None
     key = key_of(client)
-    facts = await discover(http, client.base_url, client.model, kind)
     before = await stored(store, key)
+    if before and not nearby(client.base_url):
+        apply(config, before)
+        return before
+    facts = await discover(http, client.base_url, client.model, kind)
     if facts:
         # A window learned from an overflow (the server's real one) outranks a /models
         # entry that only gives the model's trained size.
