@@ -181,9 +181,10 @@ class LLMConfig(Section):
     def output_tokens(self) -> int:
         """The room kept for the reply. The default (4096) is for large windows: a small
         one gives a fifth of itself. A value set in the file is kept while it leaves the
-        prompt a quarter of the window."""
+        prompt a quarter of the window, unless the server's window turned out smaller
+        than the configured one (the value was chosen for a window that is not there)."""
         window = self.window
-        if "max_output_tokens" in self.model_fields_set:
+        if "max_output_tokens" in self.model_fields_set and window == self.context_window:
             return max(1, min(self.max_output_tokens, window - window // 4))
         return min(self.max_output_tokens, max(MIN_OUTPUT_TOKENS, window // 5))
 

@@ -238,9 +238,11 @@ def test_the_learned_window_only_lowers_the_configured_one(tmp_path):
     assert config.llm.window == 2048 and config.llm.output_tokens == 409
     default = build_config({}, home=tmp_path)
     assert (default.llm.window, default.llm.output_tokens) == (128000, 4096)
-    chosen = build_config({"llm": {"max_output_tokens": 1000}}, home=tmp_path)
-    chosen.llm.learn(context_tokens=2048)
-    assert chosen.llm.output_tokens == 1000  # set in the file, and it still leaves room
+    chosen = build_config({"llm": {"max_output_tokens": 3000, "context_window": 4000}},
+                          home=tmp_path)
+    assert chosen.llm.output_tokens == 3000  # set in the file, and it still leaves room
+    chosen.llm.learn(context_tokens=2048)  # chosen for a window that is not there
+    assert chosen.llm.output_tokens == 409
 
 
 # -- doctor ------------------------------------------------------------------------------
