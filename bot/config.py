@@ -99,8 +99,19 @@ class StoreConfig(Section):
         return url
 
 
+# `[llm] provider`: the wire and its defaults. "ollama" and "llamacpp" are OpenAI-compatible
+# servers on this machine (their base URL by default, their context size asked of them);
+# "compatible" any other such server at `base_url`; "auto" (or no provider) detects one at
+# every start; "demo" is "scripted", the offline model. `steward init` offers these names.
+PROVIDERS = ("auto", "openai", "anthropic", "ollama", "llamacpp", "compatible", "demo",
+             "scripted")
+LOCAL_PROVIDERS = ("ollama", "llamacpp", "compatible")
+MIN_OUTPUT_TOKENS = 256
+
+
 class LLMConfig(Section):
-    provider: Literal["openai", "anthropic", "scripted"] | None = None  # None = auto-detect
+    provider: Literal["auto", "openai", "anthropic", "ollama", "llamacpp", "compatible",
+                      "demo", "scripted"] | None = None  # None = auto-detect
     model: str = ""
     base_url: str = ""
     api_key_env: str = ""
@@ -121,15 +132,70 @@ class LLMConfig(Section):
     # A cheaper model of the same provider for summaries (compaction); empty: `model`.
     summary_model: str = ""
 
+    # What the model's server said about it (bot/agent/capacity.py): not part of the file.
+    _learned_window: int | None = PrivateAttr(default=None)
+    _takes_tools: bool | None = PrivateAttr(default=None)
+
+    @field_validator("provider")
+    @classmethod
+    def _synonyms(cls, provider: str | None) -> str | None:
+        return {"auto": None, "demo": "scripted"}.get(provider, provider)
+
+    @model_validator(mode="after")
+    def _compatible_needs_a_url(self) -> LLMConfig:
+        if self.provider == "compatible" and not self.base_url:
+            raise ValueError('provider "compatible" needs base_url (the server\'s /v1 URL)')
+        return self
+
     @field_validator("fallbacks")
     @classmethod
     def _plain_fallbacks(cls, fallbacks: list[LLMConfig]) -> list[LLMConfig]:
         for n, fallback in enumerate(fallbacks):
-            if fallback.provider not in ("openai", "anthropic"):
-                raise ValueError(f"fallback {n + 1}: name its provider (openai or anthropic)")
+            if fallback.provider in (None, "scripted"):
+                raise ValueError(f"fallback {n + 1}: name its provider (openai, anthropic, "
+                                 "ollama, llamacpp or compatible)")
             if fallback.fallbacks:
                 raise ValueError(f"fallback {n + 1}: a fallback has no fallbacks of its own")
         return fallbacks
+
+    def learn(self, *, context_tokens: int | None = None, tools: bool | None = None) -> None:
+        """What the server says of its model: its context size (it lowers `window`, never
+        raises it past `context_window`) and whether its template takes tools."""
+        if context_tokens:
+            self._learned_window = int(context_tokens)
+        if tools is not None:
+            self._takes_tools = tools
+
+    @property
+    def learned_window(self) -> int | None:
+        return self._learned_window
+
+    @property
+    def window(self) -> int:
+        """The context size requests are made for: `context_window`, or what the server
+        said when that is smaller."""
+        learned = self._learned_window
+        return min(self.context_window, learned) if learned else self.context_window
+
+    @property
+    def output_tokens(self) -> int:
+        """The room kept for the reply. The default (4096) is for large windows: a small
+        one gives a fifth of itself. A value set in the file is kept while it leaves the
+        prompt a quarter of the window, unless the server's window turned out smaller
+        than the configured one (the value was chosen for a window that is not there)."""
+        window = self.window
+        if "max_output_tokens" in self.model_fields_set and window == self.context_window:
+            return max(1, min(self.max_output_tokens, window - window // 4))
+        return min(self.max_output_tokens, max(MIN_OUTPUT_TOKENS, window // 5))
+
+    @property
+    def takes_tools(self) -> bool:
+        """False when the server said its template cannot render tools."""
+        return self._takes_tools is not False
+
+    @property
+    def tools_said(self) -> bool | None:
+        return self._takes_tools
 
     def cost_usd(self, usage) -> float:
         """What a call cost by these prices. `input_tokens` counts the whole prompt, cached
@@ -193,6 +259,8 @@ class CompactionConfig(Section):
     reserve_tokens: int = Field(16_000, ge=0)
     # Tokens of the newest history kept verbatim after the summary.
     keep_recent_tokens: int = Field(20_000, ge=0)
+    # Both defaults are for a large window; a small one scales them down, and so does a
+    # value from the file that does not fit the window (bot/memory/watermarks.py).
     # Most of the long-term facts put into every context, in characters.
     facts_chars: int = Field(4_000, ge=0)
 

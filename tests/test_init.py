@@ -109,14 +109,14 @@ async def test_a_local_ollama_is_found_and_offered_first(home):
     assert code == 0, err
     config = loads(written(home))
     assert (config.llm.provider, config.llm.base_url, config.llm.model) == (
-        "openai", f"{url}/v1", "qwen2.5:7b")
+        "ollama", f"{url}/v1", "qwen2.5:7b")
     assert not config.llm.api_key_env  # a local Ollama needs no key
     assert [r.path for r in server.requests] == ["/api/tags"]
 
 
 async def test_nothing_detected_leaves_the_choice_to_each_start(home):
     code, out, err = await steward(home, "init", "--yes", "--ollama-url", no_ollama(),
-                                   "--print")
+                                   "--llamacpp-url", no_ollama(), "--print")
     assert code == 0, err
     assert not written(home).exists()
     data = tomllib.loads(out)

@@ -1,13 +1,18 @@
 """The compaction task: a workflow next to the turn that spawns it. It asks
 bot/memory/compaction.py where to cut and for the transcript up to there, has the summary
 written by an `llm_call` (quiet: no channel shows it), and appends it as the conversation's
-new head (see that module for the rules)."""
+new head (see that module for the rules). How much it keeps, how long the summary may be
+and when a turn starts one are shares of the model's window (bot/memory/watermarks.py)."""
 
+from bot.agent.context import Assembled, offered_tools, prompt_with_facts, tools_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.pinned import pin
+from bot.config import Config
 from bot.llm.types import Message, Request
 from bot.memory.compaction import KIND, choose_cut, outside_between, transcript_between
+from bot.memory.facts import facts_for
 from bot.memory.transcript import head_of, tokens_per_char
+from bot.memory.watermarks import Marks, marks
 from bot.provenance import MARK, marked, outside_of
 from bot.runtime import Done, Fail, TaskContext, TaskDef, Wait
 from store import DONE
@@ -23,6 +28,24 @@ language, as compact notes, under {words} words. End with one line saying that o
 messages are stored and can be found with the search_history tool."""
 
 
+def window_pressure(config: Config, assembled: Assembled) -> tuple[bool, bool]:
+    """(full, filling) for a turn's request: full when it is over the limit or older
+    entries after the summary did not fit (the turn waits for a summary), filling when its
+    history is past the high-water mark (a summary is made in the background)."""
+    m = marks(config.llm, config.compaction, assembled.fixed_tokens)
+    full = assembled.estimated_tokens > m.limit or not assembled.window.complete
+    return full, assembled.estimated_tokens - assembled.fixed_tokens > m.high
+
+
+async def marks_for(deps: AgentDeps, conversation_id: int, ratio: float) -> Marks:
+    """The marks for this conversation's requests, as `build_request` would make them."""
+    config = deps.config
+    facts = await facts_for(deps.store, conversation_id, config.compaction.facts_chars)
+    fixed = len(prompt_with_facts(config, facts)) + tools_chars(
+        offered_tools(config, deps.toolbox.specs()))
+    return marks(config.llm, config.compaction, int(fixed * ratio) + 1)
+
+
 class Compact(TaskDef):
     kind = KIND
 
@@ -36,22 +59,25 @@ class Compact(TaskDef):
             conversation = await store.get_conversation_by_id(conv_id)
             previous, after = await head_of(store, conversation)
             ratio = await tokens_per_char(store, conv_id)
-            keep = int(config.compaction.keep_recent_tokens / ratio)
+            m = await marks_for(self.deps, conv_id, ratio)
             cut = await choose_cut(store, conv_id, after=after, last_seq=conversation.last_seq,
-                                   keep_chars=keep)
+                                   keep_chars=int(m.keep / ratio),
+                                   most_chars=int(max(m.keep, m.room // 2) / ratio))
             if cut is None:
                 return Done({"skipped": "nothing old enough to summarise"})
-            budget = int((config.llm.context_window - config.llm.max_output_tokens) / ratio
-                         * 0.8) - len(previous or "")
-            text, upto = await transcript_between(store, conv_id, after, cut, budget)
-            words = max(150, min(1500, config.llm.max_output_tokens // 2))
+            # The summary's request fits the window too: its reply, its instructions and
+            # the previous summary first, then as much of the transcript as is left.
+            reply = min(config.llm.output_tokens, 2 * m.summary)
+            instructions = SUMMARY_PROMPT.format(words=m.summary_words)
+            budget = int((config.llm.window - reply) / ratio * 0.85) \
+                - len(instructions) - len(previous or "")
+            text, upto = await transcript_between(store, conv_id, after, cut, max(budget, 500))
             user = (f"Previous summary:\n{previous}\n\n" if previous else "") + \
                 f"New messages:\n{text}"
             request = Request(model=self.deps.config.llm.summary_model
                               or self.deps.client.model,
-                              max_tokens=config.llm.max_output_tokens, messages=[
-                                  Message(role="system",
-                                          content=SUMMARY_PROMPT.format(words=words)),
+                              max_tokens=reply, messages=[
+                                  Message(role="system", content=instructions),
                                   Message(role="user", content=user)])
             call = ctx.spawn("llm_call", {**pin(request), "quiet": True})
             # A summary of outside text is outside text (bot/provenance.py): it keeps the mark

@@ -55,6 +55,42 @@ def system_prompt(config: Config) -> str:
     return prompt
 
 
+def prompt_with_facts(config: Config, facts: str) -> str:
+    """The system prompt and the long-term facts: the fixed start of every request."""
+    prompt = system_prompt(config)
+    if facts:
+        prompt += "\n\nWhat you know about the people here (long-term memory):\n" + facts
+    return prompt
+
+
+# The most of the request the tool schemas may take: past it (a 2k window holds little
+# more than the eight built-in tools' ~1,800 tokens) they are left out and the model just
+# answers; `steward doctor` says so.
+TOOLS_SHARE = 2 / 3
+
+
+def offered_tools(config: Config, tools: list[ToolSpec]) -> list[ToolSpec]:
+    """The tools a request can carry: none when the server's template drops them
+    (`[llm]` learned so), or when their schemas would crowd out the conversation. Judged
+    by the window alone (at the cautious CHARS_PER_TOKEN, not the conversation's measured
+    ratio, which moves with them): the same answer every turn."""
+    if not tools or not config.llm.takes_tools:
+        return []
+    limit = config.llm.window - config.llm.output_tokens
+    if tools_chars(tools) / CHARS_PER_TOKEN > TOOLS_SHARE * limit:
+        return []
+    return tools
+
+
+def tools_chars(tools: list[ToolSpec]) -> int:
+    """What the tools add to a request: their names, descriptions and schemas."""
+    return sum(schema_chars(t.parameters) + len(t.description) + len(t.name) + TOOL_FRAME
+               for t in tools)
+
+
+TOOL_FRAME = 40  # the JSON around one tool's name, description and schema
+
+
 @dataclass
 class Window:
     """The transcript part of a context: the summary the head marker holds (if any), the
@@ -429,6 +465,9 @@ class Assembled:
     window: Window = field(repr=False)
     # Why the request holds text that is not the person's own (bot/provenance.py), or None.
     outside: str | None = None
+    # Of `estimated_tokens`, the system prompt, facts and tool schemas: what compaction
+    # cannot make smaller (bot/memory/watermarks.py).
+    fixed_tokens: int = 0
 
 
 def request_chars(request: Request) -> int:
@@ -440,7 +479,7 @@ def request_chars(request: Request) -> int:
             n += sum(len(str(c.arguments)) + 50 for c in m.tool_calls)
         if m.images:
             n += sum(i.chars for i in m.images)
-    return n + sum(schema_chars(t.parameters) for t in request.tools)
+    return n + tools_chars(request.tools)
 
 
 _SCHEMAS: dict[int, tuple[dict, int]] = {}  # a tool's schema is the same dict every turn
@@ -492,16 +531,18 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
         conversation, ratio, facts = await asyncio.gather(
             store.get_conversation_by_id(conversation_id),
             tokens_per_char(store, conversation_id), facts)
-    window_tokens = config.llm.context_window - config.llm.max_output_tokens
-    prompt = system_prompt(config)
-    if facts:
-        prompt += "\n\nWhat you know about the people here (long-term memory):\n" + facts
-    fixed = len(prompt) + sum(schema_chars(t.parameters) + len(t.description) for t in tools)
+    window_tokens = config.llm.window - config.llm.output_tokens
+    prompt = prompt_with_facts(config, facts)
+    tools = offered_tools(config, tools)
+    fixed = len(prompt) + tools_chars(tools)
     budget = max(int(window_tokens / ratio) - fixed, 2000)
     if cache is not None:
         window = await cache.window(store, conversation, budget)
     else:
         window = await read_window(store, conversation, budget)
+    if window.summary:  # it goes into the prompt: the entries make room for it
+        budget = max(budget - len(window.summary), 2000)
+        window = _fit(window, budget)
     if pending:
         window = _fit(_with_pending(window, conversation, pending), budget)
     if window.summary:
@@ -536,9 +577,10 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
             messages.insert(last_user, Message(role="system", content=(
                 "Possibly relevant, from earlier history (search_history has more):\n"
                 + UNTRUSTED + found)))
-    request = Request(model=model, max_tokens=config.llm.max_output_tokens, tools=tools,
+    request = Request(model=model, max_tokens=config.llm.output_tokens, tools=tools,
                       messages=[Message(role="system", content=prompt), *messages])
-    return Assembled(request, int(request_chars(request) * ratio) + 1, window, outside)
+    return Assembled(request, int(request_chars(request) * ratio) + 1, window, outside,
+                     int(fixed * ratio) + 1)
 
 
 async def assemble(store: Store, config: Config, conversation_id: int, *,

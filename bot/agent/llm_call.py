@@ -12,10 +12,11 @@ import json
 import logging
 import time
 
+from bot.agent.capacity import learn_from_overflow
 from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
-from bot.llm.errors import LLMError, TransientError
+from bot.llm.errors import ContextOverflow, LLMError, TransientError
 from bot.llm.retry import stream_with_retries
 from bot.llm.types import Response
 from bot.redact import redact
@@ -139,6 +140,8 @@ class LLMCall(Effect):
             except LLMError as exc:
                 # Retrying is pointless: the turn tells the user what went wrong (or, for a
                 # context overflow, compacts and tries once more).
+                if isinstance(exc, ContextOverflow) and n == 0:  # the server said its size
+                    await learn_from_overflow(self.deps.store, self.deps.config, client, exc)
                 return _failed(exc)
         return {"response": response.model_dump(mode="json"),
                 "request_chars": request_chars(request)}

@@ -20,6 +20,7 @@ from bot.agent import budget
 from bot.agent.apology import apology
 from bot.agent.approval import KIND as APPROVAL
 from bot.agent.compact import KIND as COMPACT
+from bot.agent.compact import window_pressure
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
 from bot.agent.inbox import ANSWER_KEY, ASKER, TIMEZONE, TURN
@@ -88,9 +89,7 @@ class Turn(TaskDef):
                                    cache=deps.context_cache,
                                    timezone=ctx.inputs.get(TIMEZONE), pending=pending)
         if config.compaction.enabled:
-            limit = config.llm.context_window - config.llm.max_output_tokens
-            full = assembled.estimated_tokens > limit or not assembled.window.complete
-            near = assembled.estimated_tokens > limit - config.compaction.reserve_tokens
+            full, near = window_pressure(config, assembled)
             if (full or near) and await compaction_due(self.store, conv_id):
                 if full and not cp.get("compacted"):
                     # At the limit: wait for the summary (once per turn), then assemble again.

@@ -216,12 +216,14 @@ def _setup_commands(sub) -> None:
     model = init.add_argument_group("model")
     model.add_argument("--provider", choices=PROVIDERS,
                        help="default: detected (an API key in the environment, a local "
-                       "Ollama), else auto")
+                       "Ollama or llama-server), else auto")
     model.add_argument("--model", help="model name (default: the provider's)")
     model.add_argument("--base-url", help="an OpenAI-compatible server (provider compatible)")
     model.add_argument("--api-key-env", help="the variable holding the API key")
     model.add_argument("--ollama-url", default="http://127.0.0.1:11434",
                        help="where to look for Ollama (default %(default)s)")
+    model.add_argument("--llamacpp-url", default="http://127.0.0.1:8080",
+                       help="where to look for llama.cpp's llama-server (default %(default)s)")
     model.add_argument("--timezone", help="your IANA timezone (default: this machine's)")
     slack = init.add_argument_group("Slack")
     slack.add_argument("--slack", choices=("off", "socket", "http"),
@@ -264,7 +266,7 @@ def _setup_commands(sub) -> None:
 
 # `steward init`'s choices, spelled out here so that parsing imports nothing (a test keeps
 # them equal to bot.app.presets).
-PROVIDERS = ("auto", "openai", "anthropic", "ollama", "compatible", "demo")
+PROVIDERS = ("auto", "openai", "anthropic", "ollama", "llamacpp", "compatible", "demo")
 EMAIL_PRESETS = ("gmail", "fastmail", "icloud", "outlook", "custom")
 
 

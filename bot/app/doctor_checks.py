@@ -2,6 +2,7 @@
 context and returns `(status, detail, fix)`; raising is a failed row."""
 
 import asyncio
+import math
 import os
 import sqlite3
 import stat
@@ -293,15 +294,84 @@ async def model(ctx):
                 "`steward init`, or set OPENAI_API_KEY / ANTHROPIC_API_KEY, or run Ollama")
     if client.provider == "scripted":
         return OK, "the offline demo model ([llm] provider = \"scripted\")", ""
+    facts = await _capacity(ctx, client)
     started = time.monotonic()
+    first: list[float] = []
+
+    async def on_text(_delta: str) -> None:
+        if not first:
+            first.append(time.monotonic() - started)
+
     try:
         reply = await client.stream(Request(model=client.model, max_tokens=8, messages=[
-            Message(role="user", content="Reply with the word OK.")]))
+            Message(role="user", content="Reply with the word OK.")]), on_text)
     except LLMError as exc:
         return FAIL, f"{client.provider} {client.model}: {exc}", _model_fix(exc, ctx)
     took = time.monotonic() - started
-    return OK, (f"{client.provider} {client.model}: answered in {took:.1f} s "
-                f"({reply.usage.input_tokens} + {reply.usage.output_tokens} tokens)"), ""
+    # The first answer's time includes loading the model, for a local server that had
+    # unloaded it: what the first message after a quiet spell waits.
+    timing = f"first answer after {first[0]:.1f} s, done in {took:.1f} s" if first \
+        else f"answered in {took:.1f} s"
+    said = f"{client.provider} {client.model}: {timing} " \
+        f"({reply.usage.input_tokens} + {reply.usage.output_tokens} tokens)"
+    from bot.app.wiring import build_toolbox
+
+    every = (await build_toolbox(ctx.config)).specs() if facts is not None else []
+    status, notes, fix = _capacity_row(ctx.config, facts, every)
+    return status, "; ".join([*notes[:1], said, *notes[1:]]) if status != OK \
+        else "; ".join([said, *notes]), fix
+
+
+async def _capacity(ctx, client):
+    """What the model's server says of it (bot/llm/discovery.py), or None for a hosted
+    provider, which is not asked."""
+    from bot.agent.capacity import kind_of
+    from bot.llm.discovery import discover
+
+    kind = kind_of(client)
+    if kind is None:
+        return None
+    facts = await discover(ctx.http, client.base_url, client.model, kind)
+    ctx.config.llm.learn(context_tokens=facts.context_tokens, tools=facts.tools)
+    return facts
+
+
+TOOLS_DROPPED = "this model's template drops tools: memory and reminders will not work"
+
+
+def _capacity_row(config, facts, every) -> tuple[str, list[str], str]:
+    """(status, notes, fix) on the model's context size and tools: what it can hold and
+    whether memory, reminders and to-dos can work with it at all (`every`: the tools
+    Steward offers)."""
+    from bot.agent.context import TOOLS_SHARE, offered_tools, tools_chars
+    from bot.memory.transcript import CHARS_PER_TOKEN
+
+    llm = config.llm
+    if facts is None:
+        return OK, [f"context {llm.window:,} tokens ([llm] context_window)"], ""
+    if facts.context_tokens:
+        lowered = " (lower than [llm] context_window: requests are made for it)" \
+            if facts.context_tokens < llm.context_window else ""
+        notes = [f"context {facts.context_tokens:,} tokens ({facts.source}){lowered}"]
+    else:
+        notes = [f"context {llm.window:,} tokens assumed ([llm] context_window): the server "
+                 "does not say; an overflow error will"]
+    if facts.tools is False:
+        return WARN, [TOOLS_DROPPED, *notes], (
+            "run llama-server with --jinja and a template that renders tools "
+            "(--chat-template-file), or pick a model whose template does (Ollama: "
+            "`ollama show` lists \"tools\" under its capabilities)")
+    if not offered_tools(config, every):
+        # The window whose prompt part (four fifths) gives the tools their share.
+        need = 2 ** math.ceil(math.log2(tools_chars(every) / CHARS_PER_TOKEN / TOOLS_SHARE
+                                        * 5 / 4))
+        return WARN, ["the window is too small for the tools: memory and reminders will "
+                      "not work", *notes], (
+            f"give the server a larger context (at least {need:,} tokens: llama-server -c, "
+            "Ollama num_ctx or OLLAMA_CONTEXT_LENGTH)")
+    if facts.tools:
+        notes.append(f"tools reach the model ({facts.source})")
+    return OK, notes, ""
 
 
 def _model_fix(exc, ctx) -> str:

@@ -118,50 +118,83 @@ class _Args:
 # -- the model -------------------------------------------------------------------------
 
 
-def _detected(args, env) -> tuple[str, list[str]]:
-    """(the provider to offer first, the models a local Ollama lists)."""
-    found = []
-    if args.provider in (None, "auto", "ollama"):
-        found = asyncio.run(ollama_models(args.ollama_url))
+def _detected(args, env) -> tuple[str, dict[str, list[tuple[str, int | None]]]]:
+    """(the provider to offer first, the models each local server found lists, with their
+    context sizes: {"ollama": [(model, tokens)], "llamacpp": [...]})."""
+    found = asyncio.run(local_servers(args))
     if env.get("OPENAI_API_KEY"):
         return "openai", found
     if env.get("ANTHROPIC_API_KEY"):
         return "anthropic", found
-    return ("ollama" if found else "auto"), found
+    return next((kind for kind in ("ollama", "llamacpp") if found[kind]), "auto"), found
 
 
-async def ollama_models(url: str) -> list[str]:
-    """The models an Ollama at `url` lists, or [] if none answers soon."""
+async def local_servers(args) -> dict[str, list[tuple[str, int | None]]]:
+    """What a local Ollama and llama-server answer now (each asked only when the choice is
+    still open or is that one), with what each model can hold."""
     import httpx
 
-    from bot.llm.factory import ollama_models as listed
+    from bot.llm.discovery import discover
+    from bot.llm.factory import listed_models, ollama_models
 
+    found: dict[str, list[tuple[str, int | None]]] = {"ollama": [], "llamacpp": []}
+    open_choice = args.provider in (None, "auto")
     async with httpx.AsyncClient() as http:
-        return await listed(http, url)
+        if open_choice or args.provider == "ollama":
+            url = f"{args.ollama_url.rstrip('/')}/v1"
+            for model in (await ollama_models(http, args.ollama_url))[:MODELS_SIZED]:
+                facts = await discover(http, url, model, "ollama")
+                found["ollama"].append((model, facts.context_tokens))
+        if open_choice or args.provider == "llamacpp":
+            url = f"{args.llamacpp_url.rstrip('/')}/v1"
+            facts = await discover(http, url, "", "llamacpp")
+            if facts.context_tokens:
+                models = list(facts.models) or await listed_models(http, url) or ["default"]
+                found["llamacpp"] = [(m, facts.context_tokens) for m in models]
+    return found
+
+
+MODELS_SIZED = 12  # the most of a local Ollama's models whose context size init asks
+
+
+def _sized(models: list[tuple[str, int | None]]) -> dict[str, str]:
+    return {m: f"{n:,} tokens of context" if n else "" for m, n in models}
 
 
 def _model(args, ask: Prompter, env, secrets: list[str]) -> list[Table]:
-    offered, models = _detected(args, env)
+    offered, found = _detected(args, env)
+    ollama, llamacpp = found["ollama"], found["llamacpp"]
     labels = {
         "auto": "decide at each start: a key in the environment, a local Ollama, else the "
                 "offline demo",
         "openai": "OpenAI" + (" (OPENAI_API_KEY is set)" if env.get("OPENAI_API_KEY") else ""),
         "anthropic": "Anthropic" + (" (ANTHROPIC_API_KEY is set)"
                                     if env.get("ANTHROPIC_API_KEY") else ""),
-        "ollama": f"Ollama at {args.ollama_url}" + (f" ({len(models)} models)" if models
+        "ollama": f"Ollama at {args.ollama_url}" + (f" ({len(ollama)} models)" if ollama
                                                      else " (not answering now)"),
-        "compatible": "another OpenAI-compatible server (llama.cpp, vLLM, OpenRouter...)",
+        "llamacpp": f"llama.cpp's llama-server at {args.llamacpp_url}" + (
+            f" ({llamacpp[0][0]}, {llamacpp[0][1]:,} tokens of context)" if llamacpp
+            else " (not answering now)"),
+        "compatible": "another OpenAI-compatible server (vLLM, LM Studio, OpenRouter...)",
         "demo": "the offline demo model (no provider)",
     }
     choice = args.provider or ask.choose("Which model should Steward use?", labels, offered)
     provider, model, key_env, base_url = presets.PROVIDERS[choice]
-    if choice == "ollama":
+    if choice in ("ollama", "llamacpp"):
+        url, models = (args.ollama_url, ollama) if choice == "ollama" \
+            else (args.llamacpp_url, llamacpp)
         if not models and not args.model:
-            raise UsageError(f"no Ollama answered at {args.ollama_url}: start it (ollama "
-                             "serve), or name the model with --model")
-        base_url = f"{args.ollama_url.rstrip('/')}/v1"
-        model = args.model or ask.choose("Which Ollama model?", {m: "" for m in models},
-                                         models[0])
+            start = "ollama serve" if choice == "ollama" else "llama-server -m MODEL.gguf"
+            raise UsageError(f"no {'Ollama' if choice == 'ollama' else 'llama-server'} "
+                             f"answered at {url}: start it ({start}), or name the model "
+                             "with --model")
+        base_url = f"{url.rstrip('/')}/v1"
+        model = args.model or ask.choose(f"Which {choice} model?", _sized(models),
+                                         models[0][0])
+        tokens = dict(models).get(model)
+        if tokens:
+            ask.say(f"{choice}: {model}, {tokens:,} tokens of context (asked of the server "
+                    "at every start; [llm] context_window is only an upper bound)")
     elif choice == "compatible":
         base_url = args.base_url or ask.ask("Its base URL (ending in /v1)")
         if not base_url:

@@ -5,15 +5,17 @@ The email table is the one place these values live (the README points at `stewar
 
 from dataclasses import dataclass
 
-# (provider written to [llm], default model, key variable, base_url); "auto" writes no
-# provider (detected at every start), "demo" the offline scripted model.
+# (provider written to [llm], default model, key variable, base_url): each name is one
+# `[llm] provider` accepts (bot/config.py PROVIDERS) and means the same there. "auto"
+# writes no provider (detected at every start), "demo" the offline scripted model.
 PROVIDERS = {
     "auto": (None, "", "", ""),
     "openai": ("openai", "gpt-4o-mini", "OPENAI_API_KEY", ""),
     "anthropic": ("anthropic", "claude-sonnet-4-5", "ANTHROPIC_API_KEY", ""),
-    "ollama": ("openai", "", "", ""),  # base_url and model from the Ollama found
-    "compatible": ("openai", "", "", ""),  # llama.cpp, vLLM, OpenRouter...: --base-url
-    "demo": ("scripted", "", "", ""),
+    "ollama": ("ollama", "", "", ""),  # base_url and model from the Ollama found
+    "llamacpp": ("llamacpp", "", "", ""),  # base_url and model from the llama-server found
+    "compatible": ("compatible", "", "", ""),  # vLLM, LM Studio, OpenRouter...: --base-url
+    "demo": ("demo", "", "", ""),
 }
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from bot.agent import capacity
 from bot.agent.approval import Approval
 from bot.agent.compact import Compact
 from bot.agent.deliver import Deliver
@@ -120,6 +121,8 @@ async def open_app(config: Config):
         mcp = McpServers(config.mcp, config.secret)
         deps = AgentDeps(store=store, config=config, client=client,
                          toolbox=await build_toolbox(config, mcp), http=http)
+        # The window the model's server really has (it may be smaller than configured).
+        await capacity.learn_at_start(store, config, client, http)
         for fallback in config.llm.fallbacks:  # each names its provider: nothing to probe
             deps.fallbacks.append(((await make_client(fallback, env=os.environ, http=http,
                                                       probe_ollama=False))[0], fallback))

@@ -1,7 +1,11 @@
 """Choose and build the LLM client from `[llm]` and the environment.
 
 An explicit `provider` ("openai", "anthropic", "scripted") is used as configured, with
-`base_url`, `model` and `api_key_env` overriding the provider's defaults. Without one:
+`base_url`, `model` and `api_key_env` overriding the provider's defaults. The local
+presets speak the OpenAI wire to a server on this machine: "ollama" at
+http://127.0.0.1:11434/v1 and "llamacpp" (llama-server) at http://127.0.0.1:8080/v1 unless
+`base_url` says otherwise, with the first model the server lists unless `model` names one;
+"compatible" is any such server at `base_url`. Without a provider:
 
 1. a `base_url` alone means an OpenAI-compatible server there (llama.cpp, vLLM, ...);
 2. `$OPENAI_API_KEY` set: OpenAI (gpt-4o-mini unless `model` says otherwise);
@@ -29,6 +33,9 @@ OPENAI_MODEL = "gpt-4o-mini"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
 OLLAMA_URL = "http://127.0.0.1:11434"
+LLAMACPP_URL = "http://127.0.0.1:8080"
+# The /v1 base URL each local preset defaults to.
+LOCAL_BASE_URLS = {"ollama": f"{OLLAMA_URL}/v1", "llamacpp": f"{LLAMACPP_URL}/v1"}
 OLLAMA_PROBE_SECONDS = 0.5
 DEMO_BANNER = ("steward: no LLM configured; using the offline demo model. "
                "Set OPENAI_API_KEY or ANTHROPIC_API_KEY, or [llm] in config.toml.")
@@ -50,6 +57,8 @@ async def make_client(
         return _openai(config_llm, env, http), None
     if provider == "anthropic":
         return _anthropic(config_llm, env, http), None
+    if provider in ("ollama", "llamacpp", "compatible"):
+        return await _local(config_llm, env, http), None
     if env.get("OPENAI_API_KEY"):
         return _openai(config_llm, env, http), None
     if env.get("ANTHROPIC_API_KEY"):
@@ -67,6 +76,39 @@ def _openai(config: LLMConfig, env: Mapping[str, str], http: httpx.AsyncClient) 
     return OpenAIClient(http, base_url=config.base_url or OPENAI_BASE_URL,
                         api_key=env.get(key_env) or None, api_key_env=key_env,
                         model=config.model or OPENAI_MODEL)
+
+
+async def _local(config: LLMConfig, env: Mapping[str, str],
+                 http: httpx.AsyncClient) -> LLMClient:
+    """A server on this machine (or the LAN) speaking the OpenAI wire; no key unless
+    `api_key_env` names one."""
+    base_url = config.base_url or LOCAL_BASE_URLS[config.provider]
+    model = config.model or await first_model(http, base_url, config.provider) or "default"
+    return OpenAIClient(http, base_url=base_url, api_key=(
+        env.get(config.api_key_env) or None) if config.api_key_env else None,
+        api_key_env=config.api_key_env, model=model, provider=config.provider)
+
+
+async def first_model(http: httpx.AsyncClient, base_url: str, provider: str) -> str | None:
+    """The first model the server at `base_url` lists (Ollama's /api/tags, else the
+    OpenAI-compatible /models), or None."""
+    if provider == "ollama":
+        found = await ollama_models(http, base_url.rstrip("/").removesuffix("/v1"))
+        if found:
+            return found[0]
+    return next(iter(await listed_models(http, base_url)), None)
+
+
+async def listed_models(http: httpx.AsyncClient, base_url: str) -> list[str]:
+    """The model ids an OpenAI-compatible server lists at /models, or []."""
+    try:
+        response = await http.get(f"{base_url.rstrip('/')}/models",
+                                  timeout=OLLAMA_PROBE_SECONDS * 4)
+        data = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+    return [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")] \
+        if isinstance(data, list) else []
 
 
 def _anthropic(config: LLMConfig, env: Mapping[str, str],

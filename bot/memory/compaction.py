@@ -141,11 +141,16 @@ async def _user_at_or_before(store: Store, conversation_id: int, seq: int,
 
 
 async def choose_cut(store: Store, conversation_id: int, *, after: int, last_seq: int,
-                     keep_chars: int) -> int | None:
+                     keep_chars: int, most_chars: int | None = None) -> int | None:
     """The position to summarise up to: everything after it (at least `keep_chars` of the
     newest spoken history) stays verbatim, a user message follows it, and no exchange is
-    open at it (`open_at`). None when there is nothing worth summarising."""
+    open at it (`open_at`). None when there is nothing worth summarising.
+
+    With `most_chars` (what a small window can hold of it), a message that would take the
+    kept part past it is summarised with the older ones: the cut falls after it, where
+    less is kept (a long paste in a 4k window would otherwise stay verbatim for good)."""
     kept, before, cut = 0, last_seq + 1, None
+    within = None  # the oldest user position so far that keeps no more than most_chars
     while cut is None:
         page = await store.entries_page(conversation_id, before=before, limit=PAGE)
         for entry in reversed(page):
@@ -153,9 +158,16 @@ async def choose_cut(store: Store, conversation_id: int, *, after: int, last_seq
                 return None
             if entry.kind in SPOKEN:
                 kept += entry_chars(entry)
-            if kept >= keep_chars and entry.kind == "user":
+            if entry.kind != "user":
+                continue
+            if most_chars is not None and kept > most_chars and within is not None:
+                cut = within
+                break
+            if kept >= keep_chars:
                 cut = entry.seq - 1
                 break
+            if most_chars is not None and kept <= most_chars and entry.seq - 1 > after:
+                within = entry.seq - 1
         else:
             if len(page) < PAGE:
                 return None
@@ -246,16 +258,22 @@ async def outside_between(store: Store, conversation_id: int, after: int,
     return None
 
 
+def _fruitless(task) -> bool:
+    """A compaction that failed, or found nothing old enough to summarise (one message
+    bigger than what is kept, say): trying again at once would do the same."""
+    return task.state == FAILED or "skipped" in (task.result or {})
+
+
 async def compaction_due(store: Store, conversation_id: int) -> bool:
-    """Whether a new compaction may start: none running, and the last failures' backoff
-    (doubling, up to an hour) has passed."""
+    """Whether a new compaction may start: none running, and the backoff after the last
+    fruitless ones (doubling, up to an hour) has passed."""
     recent = await store.list_tasks(kind=KIND, conversation_id=conversation_id,
                                     newest_first=True, limit=8)
     if any(not t.terminal for t in recent):
         return False
     failures = 0
     for t in recent:
-        if t.state != FAILED:
+        if not _fruitless(t):
             break
         failures += 1
     if not failures:

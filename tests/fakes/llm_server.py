@@ -5,7 +5,10 @@
     GET  /api/tags              Ollama's model list (from `.tags`; 404 when None)
 
 A test sets `server.responder = fn(request_json, wire) -> Reply` (or `replies(...)` for a
-fixed sequence); the default answers "ok". Every request is recorded in `.requests`.
+fixed sequence); the default answers "ok". Every request is recorded in `.requests`, but
+for the questions Steward asks a server about its model at start (`PROBES`: llama.cpp's
+/props, Ollama's /api/show and /api/ps, /v1/models; bot/llm/discovery.py), answered 404
+as by a server that does not say, and kept in `.probes`.
 
 Images are checked as the providers check them: OpenAI `image_url` parts with a base64
 `data:` URL, Anthropic `image` blocks with a base64 source, in user messages only, of a
@@ -26,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 WIRES = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+PROBES = ("/props", "/v1/models", "/api/show", "/api/ps")
 
 
 @dataclass
@@ -118,6 +122,7 @@ class FakeLLMServer:
         self.responder: Responder = responder or (lambda _request, _wire: Reply(text="ok"))
         self.tags: list[str] | None = None
         self._requests: list[Recorded] = []
+        self.probes: list[Recorded] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -138,7 +143,7 @@ class FakeLLMServer:
 
     def record(self, entry: Recorded) -> None:
         with self._lock:
-            self._requests.append(entry)
+            (self.probes if entry.path in PROBES else self._requests).append(entry)
 
     def start(self) -> FakeLLMServer:
         handler = type("Handler", (_Handler,), {"fake": self})
