@@ -204,6 +204,8 @@ def _setup_commands(sub) -> None:
     restore.add_argument("--identity", help="an age identity file, for an encrypted backup")
     restore.add_argument("--passphrase-env", metavar="NAME",
                          help="the variable holding an encrypted backup's passphrase")
+    restore.add_argument("--store-url", metavar="URL",
+                         help="for a PostgreSQL backup: the empty database to restore into")
     init = sub.add_parser(
         "init", help="write config.toml, asking on a terminal (or --yes with flags)",
         description="Write config.toml: the model, Slack, email and who may talk to "

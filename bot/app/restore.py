@@ -59,8 +59,9 @@ class Restored:
 
 
 def restore(backup: Path, home: Path, *, identity: Path | None = None,
-            passphrase: str | None = None) -> dict:
-    """Restore `backup` into the new home `home` (blocking); the manifest."""
+            passphrase: str | None = None, store_url: str | None = None) -> dict:
+    """Restore `backup` into the new home `home` (blocking); the manifest. A PostgreSQL
+    backup goes into the empty database `store_url` (bot/app/restore_pg.py)."""
     from bot.app.backup import Damaged, verify_backup
 
     backup, home = backup.resolve(), home.resolve()
@@ -72,10 +73,13 @@ def restore(backup: Path, home: Path, *, identity: Path | None = None,
     except Damaged as exc:
         raise RestoreError(str(exc)) from None
     database = manifest["database"]
-    if database.get("kind") != "sqlite":
-        raise RestoreError("this backup holds a PostgreSQL dump: restore it with pg_restore "
-                           f"into an empty database ({backup / database['file']}), then "
-                           "copy the home/ files into the new home")
+    postgres = database.get("kind") != "sqlite"
+    if postgres and not store_url:
+        raise RestoreError("this backup holds a PostgreSQL dump: give --store-url with an "
+                           "empty database to restore it into (createdb steward_restored)")
+    if store_url and not postgres:
+        raise RestoreError("this backup holds an SQLite database: it is restored into the "
+                           "new home's steward.db (leave out --store-url)")
     opener = _Opener(backup, manifest, identity, passphrase)
     home.mkdir(parents=True, exist_ok=True)
     make_private(home)
@@ -96,7 +100,15 @@ def restore(backup: Path, home: Path, *, identity: Path | None = None,
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             opener.copy(entry, target)
             os.chmod(target, 0o600)
-        _own_database(staging / "config.toml")
+        if postgres:
+            from bot.app.restore_pg import restore_dump
+
+            dump = staging / "steward.db"
+            restored_url = restore_dump(dump, store_url, database.get("schema"))
+            dump.unlink()
+            _point_store_at(staging / "config.toml", restored_url)
+        else:
+            _own_database(staging / "config.toml")
         for item in staging.iterdir():
             item.rename(home / item.name)
     finally:
@@ -111,23 +123,45 @@ def restore(backup: Path, home: Path, *, identity: Path | None = None,
 def _own_database(config: Path) -> None:
     """A restored config that names an SQLite file (the old home's) is made to use the new
     home's own `steward.db`, where the backup's database was put: never the old one."""
-    import re
+    url = _store_url_of(config)
+    if url is not None and url.startswith("sqlite"):
+        _set_store_url(config, '""', f"restored: this home's steward.db (was {url})")
+
+
+def _point_store_at(config: Path, url: str) -> None:
+    """A restored home on PostgreSQL uses the database the dump went into (never the old
+    one, which may still be running)."""
+    import json as _json
+
+    if not config.exists():
+        config.write_text("")
+    _set_store_url(config, _json.dumps(url), "restored: the database the backup went into")
+
+
+def _store_url_of(config: Path) -> str | None:
     import tomllib
 
     try:
-        text = config.read_text()
-        url = (tomllib.loads(text).get("store") or {}).get("url") or ""
+        return (tomllib.loads(config.read_text()).get("store") or {}).get("url") or ""
     except (OSError, ValueError):
-        return
-    if not url.startswith("sqlite"):
-        return
+        return None
+
+
+def _set_store_url(config: Path, value: str, why: str) -> None:
+    """`[store] url = value  # why` in `config`, the section made if missing."""
+    import re
+
+    text = config.read_text()
+    line = f"url = {value}  # {why}"
     section = re.search(r"(?ms)^\[store\][^\n]*\n(.*?)(?=^\[|\Z)", text)
     if section is None:
-        return
-    body = re.sub(r"(?m)^(\s*url\s*=\s*).*$",
-                  lambda m: f'{m[1]}""  # restored: this home\'s steward.db (was {url})',
-                  section[1], count=1)
-    config.write_text(text[:section.start(1)] + body + text[section.end(1):])
+        text = f"[store]\n{line}\n\n" + text
+    elif re.search(r"(?m)^\s*url\s*=", section[1]):
+        body = re.sub(r"(?m)^\s*url\s*=.*$", lambda _: line, section[1], count=1)
+        text = text[:section.start(1)] + body + text[section.end(1):]
+    else:
+        text = text[:section.start(1)] + line + "\n" + text[section.start(1):]
+    config.write_text(text)
 
 
 def on_start(home: Path, now: float | None = None) -> Restored | None:
@@ -215,12 +249,15 @@ def restore_command(args) -> int:
     try:
         manifest = restore(Path(args.backup), Path(args.home),
                            identity=Path(args.identity) if args.identity else None,
-                           passphrase=passphrase)
+                           passphrase=passphrase,
+                           store_url=getattr(args, "store_url", None))
     except (RestoreError, OSError) as exc:
         print(f"steward: {exc}", file=sys.stderr)
         return 1
-    print(f"restored {manifest['name']} (taken {manifest['taken_at']}) into {args.home}. "
-          f"Start it with STEWARD_HOME={args.home} steward run: it reads again what came in "
+    home = Path(args.home).resolve()
+    config = f" --config {home / 'config.toml'}" if (home / "config.toml").exists() else ""
+    print(f"restored {manifest['name']} (taken {manifest['taken_at']}) into {home}. "
+          f"Start it with `steward --home {home}{config} run`: it reads again what came in "
           "since the snapshot and, for its first hour, asks Slack and the Sent folder "
           "whether an answer was already given before sending one. Do not start the old "
           "home as well: two homes would answer the same messages.")
