@@ -149,10 +149,10 @@ class AgentPort:
 
     async def history(self, *, channel: str, conversation_key: str,
                       messages: list[dict[str, Any]], owner: str | None = None,
-                      scope: str | None = None) -> int:
+                      scope: str | None = None, settled_only: bool = False) -> int:
         return await add_history(self._store, channel=channel,
                                  conversation_key=conversation_key, messages=messages,
-                                 owner=owner, scope=scope)
+                                 owner=owner, scope=scope, settled_only=settled_only)
 
     async def withdraw(self, *, channel: str, ref: str, conversation_id: int,
                        said: list[Entry], note: str, withdrawn_note: str,

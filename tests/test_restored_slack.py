@@ -9,6 +9,7 @@ way bot/app/wiring.py marks it (`reconcile_until`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -75,3 +76,33 @@ async def test_a_restored_home_takes_a_thread_in_with_its_answers(store, tmp_pat
                    for role, text in follows[:3]), said
     assert said[-1] == ("user", "tok-third and now?") or said[-1][1].endswith(
         "tok-third and now?"), said
+
+
+async def test_history_never_stands_between_a_waiting_message_and_its_turn(
+        store, tmp_path, slack):
+    # Before the snapshot's successor started: Alice asked something in her DM and the
+    # predecessor answered it; after the restore she asks again, and Slack's retry of the
+    # first (or the catch-up) reaches the restored home while the new one waits.
+    old, old_event = says(slack, DM, ALICE, "tok-old what day is it")
+    answered(slack, DM, None, "re tok-old", old)
+    new, new_event = says(slack, DM, ALICE, "tok-new and the time?")
+    async with SlackRig(store, tmp_path, slack, run_tasks=False) as rig:
+        rig.deps.reconcile_until = time.time() + 3600
+        assert (await rig.send(new_event))[0] == 200
+        await until_taken(rig, new)
+        assert (await rig.send(old_event, retry_num=1))[0] == 200
+        await until_taken(rig, old)
+        rig.start_runner()
+        await rig.settle()
+    assert [m["text"] for m in slack.bot_messages(DM)] == ["re tok-old",
+                                                          "echo: tok-new and the time?"]
+
+
+async def until_taken(rig: SlackRig, message: dict) -> None:
+    """Until the connector has taken `message` in (the runner is off)."""
+    for _ in range(400):
+        if await rig.store.submission_state("slack", f"{DM}:{message['ts']}") is not None \
+                and rig.connector.inbox.lanes.busy == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{message['text']!r} not taken in")

@@ -117,12 +117,18 @@ async def _approval_answer(store: Store, conversation: Conversation, channel: st
 
 async def add_history(store: Store, *, channel: str, conversation_key: str,
                       messages: list[dict[str, Any]], owner: str | None = None,
-                      scope: str | None = None) -> int:
+                      scope: str | None = None, settled_only: bool = False) -> int:
     """Earlier messages of a conversation Steward joins late (a Slack thread it is mentioned
     in), as entries for context only: no turn. Each dict has `ref` (the channel's id for
     the message), `text`, and optionally `author`, `role` ("user" or "assistant") and
-    `data`. Each ref is recorded once, forever; returns how many were new."""
+    `data`. Each ref is recorded once, forever; returns how many were new. `settled_only`:
+    only while no turn of the conversation is waiting or running (the caller keeps new
+    messages out meanwhile): history appended behind a message not yet answered would
+    stand between it and its turn."""
     conversation = await store.ensure_conversation(conversation_key, owner=owner, scope=scope)
+    if settled_only and await store.list_tasks(kind=TURN, conversation_id=conversation.id,
+                                               active=True, limit=1):
+        return 0
     added = 0
     for m in messages:
         w = Writes()

@@ -374,8 +374,9 @@ class Inbox:
     async def _answered_before(self, ev: Inbound, key: str, ids: list[str], text: str,
                                answer: list[Posted]) -> None:
         """A message the home before a restore answered: not answered again, but taken
-        into the transcript with that answer as history, so the next message's context
-        does not show it waiting for one."""
+        into the transcript with that answer as history, so that later context has both
+        (unless a turn is waiting: history behind its message would hide it from it; the
+        lane keeps new messages of this conversation out meanwhile)."""
         person = await self.people.person(ev.user)
         said = [{"ref": f"{ev.channel}:{ev.ts}", "text": text, "author": person.name,
                  "data": {"slack": {"channel": ev.channel, "ts": ev.ts, "user": ev.user}}}]
@@ -383,7 +384,8 @@ class Inbox:
                   "role": "assistant", "data": {"slack": {"channel": p.channel, "ts": p.ts}}}
                  for p in answer]
         await self.port.history(channel=CHANNEL, conversation_key=key, messages=said,
-                                owner=routing.owner(ev), scope=routing.scope(ev))
+                                owner=routing.owner(ev), scope=routing.scope(ev),
+                                settled_only=True)
         await self.port.skip(CHANNEL, ids, {"skipped": "answered before the restore"})
         log.info("slack: %s was answered before the restore", ids[-1])
 
