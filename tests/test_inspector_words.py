@@ -37,14 +37,15 @@ def fires(spec: dict, zone: str, n: int, start: datetime) -> list[datetime]:
 
 @pytest.mark.parametrize(("expr", "said", "weekdays", "hour"), [
     ("0 8 * * mon-fri", "every weekday at 8:00", {0, 1, 2, 3, 4}, 8),
-    # Numbers as the scheduler (APScheduler 3) reads them: 0 is Monday, not Sunday.
-    ("0 8 * * 0-4", "every weekday at 8:00", {0, 1, 2, 3, 4}, 8),
+    # Numbers as cron has them (0 and 7 are Sunday), however APScheduler 3 counts.
+    ("0 8 * * 1-5", "every weekday at 8:00", {0, 1, 2, 3, 4}, 8),
     ("30 7 * * *", "every day at 7:30", set(range(7)), 7),
     ("0 9 * * mon", "every Monday at 9:00", {0}, 9),
-    ("0 9 * * 1", "every Tuesday at 9:00", {1}, 9),
+    ("0 9 * * 1", "every Monday at 9:00", {0}, 9),
     ("0 10 * * sat,sun", "every weekend day at 10:00", {5, 6}, 10),
-    ("0 10 * * 5,6", "every weekend day at 10:00", {5, 6}, 10),
-    ("15 18 * * 6", "every Sunday at 18:15", {6}, 18),
+    ("0 10 * * 6,0", "every weekend day at 10:00", {5, 6}, 10),
+    ("15 18 * * 0", "every Sunday at 18:15", {6}, 18),
+    ("15 18 * * 7", "every Sunday at 18:15", {6}, 18),
     ("0 12 * * mon,wed,fri", "every Monday, Wednesday and Friday at 12:00", {0, 2, 4}, 12),
 ])
 def test_a_weekly_crontab_in_words_says_when_it_fires(expr, said, weekdays, hour):

@@ -97,3 +97,26 @@ def test_latest_missed_occurrence_and_count():
 def test_bad_specs_are_refused_with_a_reason(spec, message):
     with pytest.raises(TriggerError, match=message):
         make_trigger(spec, VIENNA)
+
+
+@pytest.mark.parametrize(("field", "weekdays"), [
+    ("1", {0}),  # Monday, as in cron (APScheduler 3 alone would read Tuesday)
+    ("0", {6}), ("7", {6}),
+    ("1-5", {0, 1, 2, 3, 4}),
+    ("5-7", {4, 5, 6}),
+    ("fri-sun", {4, 5, 6}),
+    ("*/2", {6, 1, 3, 5}),  # Sunday, Tuesday, Thursday, Saturday
+    ("1,3", {0, 2}),
+    ("mon-fri", {0, 1, 2, 3, 4}),
+])
+def test_crontab_weekday_numbers_are_crons(field, weekdays):
+    trigger = make_trigger({"kind": "cron", "expr": f"0 9 * * {field}"}, VIENNA)
+    got = fires(trigger, at(2026, 3, 2), 14)
+    assert {d.weekday() for d in got} == weekdays
+    assert {d.hour for d in got} == {9}
+
+
+@pytest.mark.parametrize("field", ["8", "5-2", "mon/0", "funday"])
+def test_a_bad_crontab_weekday_is_a_trigger_error(field):
+    with pytest.raises(TriggerError):
+        make_trigger({"kind": "cron", "expr": f"0 9 * * {field}"}, VIENNA)

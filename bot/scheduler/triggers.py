@@ -47,7 +47,7 @@ def make_trigger(spec: dict, timezone: str, *, created: datetime | None = None) 
                 start = None if created is None else created + timedelta(seconds=seconds)
             return IntervalTrigger(seconds=seconds, start_date=start, timezone=zone)
         if kind == "cron":
-            return CronTrigger.from_crontab(spec["expr"], timezone=zone)
+            return CronTrigger.from_crontab(_cron_weekdays(spec["expr"]), timezone=zone)
     except KeyError as exc:
         raise TriggerError(f"{kind} trigger needs {exc.args[0]!r}") from None
     except TriggerError:
@@ -55,6 +55,44 @@ def make_trigger(spec: dict, timezone: str, *, created: datetime | None = None) 
     except (ValueError, TypeError) as exc:
         raise TriggerError(f"bad {kind} trigger: {exc}") from None
     raise TriggerError(f"unknown trigger kind {kind!r} (date, interval or cron)")
+
+
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0 (and 7) Sunday
+
+
+def _cron_weekdays(expr: str) -> str:
+    """`expr` with its weekday field as day names. APScheduler 3 reads a crontab's weekday
+    numbers with 0 as Monday where cron (and every crontab a person or a model writes) has
+    0 and 7 as Sunday: "0 9 * * 1" would fire on Tuesdays. Names mean the same to both."""
+    fields = expr.split()
+    if len(fields) != 5 or not any(c.isdigit() for c in fields[4]):
+        return expr
+    days: set[int] = set()
+    for item in fields[4].lower().split(","):
+        span, _, step = item.partition("/")
+        if span == "*":
+            first, last = 0, 6
+        else:
+            a, dash, b = span.partition("-")
+            first = _cron_day(a)
+            last = _cron_day(b) if dash else (6 if step else first)
+            if last == 0 and dash:  # "5-7", "fri-sun": through Sunday
+                last = 7
+            if last < first:
+                raise TriggerError(f"weekday range {span!r} runs backwards")
+        if step and not step.isdigit() or step == "0":
+            raise TriggerError(f"bad weekday step {item!r}")
+        days.update(d % 7 for d in range(first, last + 1, int(step or 1)))
+    fields[4] = ",".join(_DAYS[d] for d in sorted(days))
+    return " ".join(fields)
+
+
+def _cron_day(token: str) -> int:
+    if token in _DAYS:
+        return _DAYS.index(token)
+    if token.isdigit() and int(token) <= 7:
+        return int(token)
+    raise TriggerError(f"not a weekday: {token!r} (0-7 or sun..sat)")
 
 
 def next_fire(trigger: BaseTrigger, after: datetime, *,

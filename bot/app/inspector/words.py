@@ -134,14 +134,13 @@ def _number(field: str, low: int, high: int) -> int | None:
 
 
 def _day_index(token: str) -> int | None:
-    """A weekday of the crontab -> 0 for Monday .. 6. Numbers are read as APScheduler 3
-    reads them (bot/scheduler/triggers.py uses it), 0 for Monday, not cron's 0 for Sunday:
-    the words say when the schedule really fires."""
+    """A weekday of the crontab -> 0 for Monday .. 6. Numbers are cron's, 0 and 7 for
+    Sunday, as the scheduler reads them (bot/scheduler/triggers.py `_cron_weekdays`)."""
     token = token.lower()
     if token in _DAY_ABBR:
         return _DAY_ABBR.index(token)
-    if token.isdigit() and int(token) <= 6:
-        return int(token)
+    if token.isdigit() and int(token) <= 7:
+        return (int(token) - 1) % 7
     return None
 
 
