@@ -21,7 +21,7 @@ event loop exists.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,6 +67,8 @@ __all__ = [
     "load_found",
     "resolve_home",
     "secret_names",
+    "secret_sections",
+    "unset_secrets",
 ]
 
 
@@ -368,16 +370,18 @@ def load_config(
     cwd: Path | None = None,
     *,
     model: type[Config] = Config,
+    needs: Collection[str] | None = None,
 ) -> Config:
     """Find, read, validate and check the config; raise ConfigError on any problem."""
     found = locate(cli_config, cli_home, env, cwd if cwd is not None else Path.cwd())
-    return load_found(found, env, model=model)
+    return load_found(found, env, model=model, needs=needs)
 
 
-def load_found(found: Found, env: Mapping[str, str], *, model: type[Config] = Config
-               ) -> Config:
-    """Validate and check the config `locate` found."""
-    return build_config(found.data(), home=found.home, path=found.path, env=env, model=model)
+def load_found(found: Found, env: Mapping[str, str], *, model: type[Config] = Config,
+               needs: Collection[str] | None = None) -> Config:
+    """Validate and check the config `locate` found (`needs`: as `build_config`)."""
+    return build_config(found.data(), home=found.home, path=found.path, env=env, model=model,
+                        needs=needs)
 
 
 def build_config(
@@ -387,8 +391,11 @@ def build_config(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
     model: type[Config] = Config,
+    needs: Collection[str] | None = None,
 ) -> Config:
-    """Validate already-parsed TOML data (also handy in tests: no file needed)."""
+    """Validate already-parsed TOML data (also handy in tests: no file needed). `needs`:
+    the sections whose secrets must be set (None: every section's); a command that does
+    not use Slack does not need its tokens."""
     try:
         config = model.model_validate(dict(data))
     except ValidationError as exc:
@@ -397,7 +404,7 @@ def build_config(
     config._path = path
     config._home = home
     config._env = dict(env or {})
-    missing = _missing_secrets(config)
+    missing = unset_secrets(config, needs)
     if missing:
         raise ConfigError(path, missing)
     return config
@@ -437,17 +444,31 @@ def _toml_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def secret_names(config: Config) -> list[tuple[str, str]]:
-    """(`[section] key`, the variable it names) for every secret this config needs."""
-    return [(f"[{section}] {key}", getattr(values, key))
+def secret_names(config: Config, sections: Collection[str] | None = None
+                 ) -> list[tuple[str, str]]:
+    """(`[section] key`, the variable it names) for every secret this config needs, or
+    only for those of `sections`."""
+    return [(f"[{section}] {key}", name) for section, key, name in _secrets(config, sections)]
+
+
+def secret_sections(config: Config) -> list[tuple[str, str]]:
+    """(section, the variable it names) for every secret this config needs."""
+    return [(section, name) for section, _, name in _secrets(config, None)]
+
+
+def _secrets(config: Config, sections: Collection[str] | None):
+    return [(section, key, getattr(values, key))
             for section in type(config).model_fields
+            if sections is None or section in sections
             if isinstance(values := getattr(config, section), Section)
             for key in values.secrets()]
 
 
-def _missing_secrets(config: Config) -> list[tuple[str, str]]:
+def unset_secrets(config: Config, sections: Collection[str] | None = None
+                  ) -> list[tuple[str, str]]:
+    """(where, what) for each secret of `sections` (None: all) that is not set."""
     problems = []
-    for where, name in secret_names(config):
+    for where, name in secret_names(config, sections):
         if not name:
             problems.append((where, "must name an environment variable"))
         elif not config._env.get(name):

@@ -310,7 +310,8 @@ async def test_files_others_can_read_are_named_with_the_command_that_fixes_them(
     os.chmod(home / "notes.txt", 0o644)
     secrets_file = home / "xdg" / "steward" / "env"
     secrets_file.parent.mkdir(parents=True)
-    secrets_file.write_text("OPENAI_API_KEY=sk-x\n")
+    # (not a model's key: every command reads this file, doctor's model check too)
+    secrets_file.write_text("SOME_TOKEN=x\n")
     os.chmod(secrets_file, 0o640)
     code, rows, _ = await doctor(home)
     assert_failed(rows, "permissions", f"{home} 0755", f"{home / 'notes.txt'} 0644",

@@ -509,19 +509,39 @@ READING = ("sessions", "log", "search", "tasks", "schedules", "quarantine", "usa
            "facts")
 
 
+# The sections whose secrets a command must find set before it starts: what it uses. A
+# command not named here uses none (it reads the store); `run` and `resume` serve or deliver
+# through every connector, so they need all of them (None).
+MODEL = ("llm", "embeddings")
+NEEDS: dict[str, tuple[str, ...] | None] = {
+    "run": None, "resume": None, "ask": MODEL, "chat": MODEL, "compact": MODEL,
+    "context": ("embeddings",), "search": ("embeddings",), "web": ("embeddings",),
+    "backup": ("backup",)}
+
+
 def _config(args):
     found = locate(args.config, args.home, os.environ, Path.cwd())
-    if args.command in READING and (snapshot := recall(found, os.environ)) is not None:
+    needs = NEEDS.get(args.command, ())
+    if args.command in READING and (snapshot := recall(found, os.environ, needs)) is not None:
         return snapshot
     from bot.app.config import load_found
 
-    return load_found(found, os.environ)
+    return load_found(found, os.environ, needs=needs)
+
+
+def _read_secrets_file() -> None:
+    """The service's secrets file, read into this process's environment (which wins)."""
+    from bot.app import secrets_file
+
+    for warning in secrets_file.load(os.environ):
+        print(f"steward: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:
     """Run the parsed command; its exit code (errors printed as one line)."""
     config = None
     try:
+        _read_secrets_file()
         if args.command in SETUP:
             return SETUP[args.command](args)
         config = _config(args)

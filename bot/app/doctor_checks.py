@@ -89,8 +89,8 @@ async def secrets(ctx):
 
         names = ", ".join(dict.fromkeys(ctx.missing))
         return (FAIL, f"not set: {names}",
-                f"export {ctx.missing[0]}=... in the shell that runs steward (a service "
-                f"reads {env_file(ctx.env)})")
+                f"put {ctx.missing[0]}=... in {env_file(ctx.env)} (0600), which the service "
+                "and every steward command read, or export it in the shell")
     if not needed:
         return OK, "none needed by this config", ""
     return OK, "set: " + ", ".join(dict.fromkeys(name for _, name in needed)), ""

@@ -5,7 +5,8 @@ The unit restarts Steward when it fails or stops pinging systemd's watchdog (a l
 ended or hangs: `bot/app/systemd.py`), except on exit 2 (a config error: restarting
 cannot fix it; `steward doctor` says what is wrong). Secrets are not in the unit: it reads
 an environment file (`~/.config/steward/env`), created 0600 and empty but for comments
-naming the variables the config needs; filling it in is the owner's job. Home and config
+naming the variables the config needs; filling it in is the owner's job (every `steward`
+command reads it too: bot/app/secrets_file.py). Home and config
 are passed as absolute paths, so the service reads what this shell reads.
 """
 
@@ -21,16 +22,14 @@ from pathlib import Path
 
 from bot.app import configfile
 from bot.app.errors import UsageError
+from bot.app.secrets_file import path as env_file
+from bot.app.secrets_file import read as read_env_file
 
 UNIT = "steward.service"
 LABEL = "local.steward"  # launchd's job name
 SERVICE_COMMAND_SECONDS = 30
 WATCHDOG_SECONDS = 60  # the claim loop turns at least twice a second, outages included
 START_SECONDS = 900
-
-
-def env_file(env=os.environ) -> Path:
-    return configfile.user_config_dir(env) / "env"
 
 
 def unit_path(env=os.environ) -> Path:
@@ -48,23 +47,6 @@ def executable() -> list[str]:
     python = Path(os.path.abspath(sys.executable))
     script = python.with_name("steward")
     return [str(script)] if script.is_file() else [str(python), "-m", "bot"]
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (systemd's EnvironmentFile format; # comments, optional quotes)."""
-    values = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return {}
-    for line in lines:
-        line = line.strip()
-        if line.startswith("export "):
-            line = line[len("export "):]
-        key, sep, value = line.partition("=")
-        if sep and key and not key.startswith("#"):
-            values[key.strip()] = value.strip().strip("'\"")
-    return values
 
 
 # -- what is written ---------------------------------------------------------------------
