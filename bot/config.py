@@ -4,13 +4,15 @@ Where things are found (first match wins):
 
 * home directory (holds the SQLite database): ``--home``, ``$STEWARD_HOME``,
   ``$XDG_DATA_HOME/steward``, ``~/.local/share/steward``;
-* config file: ``--config`` (must exist), ``$STEWARD_CONFIG`` (must exist),
+* config file: ``--config`` (must exist; a directory means its ``config.toml``),
+  ``$STEWARD_CONFIG`` (the same),
   ``./config.toml``, ``$XDG_CONFIG_HOME/steward/config.toml``
   (``~/.config/steward/config.toml``); no file at all means the defaults.
 
 An absent or empty file is a working config: embedded SQLite, no connectors. Every
-problem (bad TOML, unknown key, wrong type, missing secret) is raised as one
-``ConfigError`` whose ``str()`` is a single line naming the file and the key::
+problem (bad TOML, unknown key, wrong type, a missing secret of what the command uses) is
+raised as one ``ConfigError`` whose ``str()`` is a single line naming the file and the
+key::
 
     config.toml: [slack] mode: Input should be 'socket' or 'http' (got 'udp')
 

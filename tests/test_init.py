@@ -170,12 +170,26 @@ async def test_bad_input_is_one_line(home):
         (["init", "--yes", "--timezone", "Mars/Olympus", "--ollama-url", no_ollama()], 2,
          "[agent] timezone: unknown timezone 'Mars/Olympus'"),
         (["init", "--yes", "--slack", "carrier"], 2, "invalid choice"),
-        (["init", "--yes", "--config", str(home)], 2, "is a directory"),
     ]
     for args, code, needle in cases:
         result = await steward(home, *args)
         assert_one_line_error((args, result), code, needle)
     assert not written(home).exists()
+
+
+async def test_config_may_name_the_directory_to_write_config_toml_into(home):
+    folder = home / "conf"
+    folder.mkdir()
+    code, out, err = await steward(home, "init", "--yes", "--ollama-url", no_ollama(),
+                                   "--config", str(folder))
+    assert code == 0, err
+    assert f"wrote {folder / 'config.toml'}" in out
+    assert loads(folder / "config.toml").path == folder / "config.toml"
+    odd = home / "odd"
+    (odd / "config.toml").mkdir(parents=True)  # what it would write is a directory
+    args = ["init", "--yes", "--config", str(odd)]
+    assert_one_line_error((args, await steward(home, *args)), 2,
+                          f"{odd / 'config.toml'} is a directory")
 
 
 def test_the_parser_offers_the_presets_it_knows():

@@ -282,17 +282,35 @@ def _seconds(text: str) -> float:
     return value
 
 
+SIGPIPE_EXIT = 128 + 13  # what a shell shows for a program that SIGPIPE ended
+
+
 def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # whatever this process creates is its owner's alone (DESIGN: 0700/0600)
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("ask", "chat") and not args.verbose:
-        # the terminal says itself why the model gave no answer (see bot.app.chat)
-        logging.getLogger("bot.agent.apology").setLevel(logging.ERROR)
-    from bot.app import commands  # the rest of Steward, now that a command is to run
+    try:
+        args = _parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if args.command in ("ask", "chat") and not args.verbose:
+            # the terminal says itself why the model gave no answer (see bot.app.chat)
+            logging.getLogger("bot.agent.apology").setLevel(logging.ERROR)
+        from bot.app import commands  # the rest of Steward, now that a command is to run
 
-    return commands.run(args)
+        code = commands.run(args)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout has stopped (`steward sessions | head -2`): end quietly, as
+    `seq` or `cat` do, with the status a shell shows for them. What is still buffered for
+    stdout goes nowhere, so that Python does not complain at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -549,6 +549,8 @@ def run(args) -> int:
         return asyncio.run(COMMANDS[args.command](config, args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # the reader of stdout left: not an error (bot/app/cli.py)
     except Exception as exc:
         if os.environ.get("STEWARD_DEBUG"):
             raise

@@ -16,6 +16,7 @@ from pathlib import Path
 from bot.app import configfile, presets, slack_manifest
 from bot.app.errors import UsageError
 from bot.app.toml_text import Table, render
+from bot.config_source import CONFIG_NAME
 from bot.home import write_private
 
 
@@ -92,7 +93,8 @@ def run(args, env=os.environ) -> int:
 def _target(args, env) -> Path:
     if args.config:
         path = Path(args.config).expanduser()
-        return path if path.is_absolute() else Path.cwd() / path
+        path = path if path.is_absolute() else Path.cwd() / path
+        return path / CONFIG_NAME if path.is_dir() else path  # as the loader reads --config
     return configfile.default_path(env)
 
 
