@@ -86,21 +86,30 @@ class Section(BaseModel):
         return []
 
 
+# `[store] url` schemes, as written -> as the store opens them.
+STORE_SCHEMES = {"postgres": POSTGRES_SCHEME, "postgresql": POSTGRES_SCHEME,
+                 POSTGRES_SCHEME: POSTGRES_SCHEME, "sqlite": SQLITE_SCHEME,
+                 SQLITE_SCHEME: SQLITE_SCHEME}
+
+
 class StoreConfig(Section):
     url: str = ""  # empty = SQLite file steward.db in the home dir
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
+        """The URL with the driver's scheme: the spellings people copy from elsewhere
+        (`postgres://`, `postgresql://`, `sqlite:///`) mean the drivers Steward uses."""
         if not url:
             return url
-        hint = f"use {SQLITE_SCHEME}:///PATH, {POSTGRES_SCHEME}://... or leave empty"
+        hint = f"use {SQLITE_SCHEME}:///PATH, postgresql://... or leave empty"
         if "://" not in url:
             raise ValueError(f"not a database URL; {hint}")
-        scheme = url.split("://", 1)[0]
-        if scheme not in (SQLITE_SCHEME, POSTGRES_SCHEME):
+        scheme, rest = url.split("://", 1)
+        driver = STORE_SCHEMES.get(scheme.lower())
+        if driver is None:
             raise ValueError(f"unsupported scheme {scheme!r}; {hint}")
-        return url
+        return f"{driver}://{rest}"
 
 
 class LLMConfig(Section):
