@@ -286,3 +286,50 @@ async def test_on_a_terminal_it_asks_and_defaults_are_one_key_away(home):
     assert config.email.imap_password_env == "ICLOUD_PW"
     assert config.email.allowed_senders == ["ann@example.com"]
     assert SECRETS["ANTHROPIC_API_KEY"] not in written(home).read_text()
+
+
+async def test_a_name_for_a_member_id_or_a_mailbox_that_is_no_address_is_asked_again(home):
+    env = steward_env(home)
+
+    def session():
+        term = Terminal(home, "--provider", "openai", "--model", "m", "--api-key-env", "K",
+                        "--timezone", "UTC", "--slack", "socket", "--email", "fastmail",
+                        env=env)
+        term.answer("Variable for the bot token [SLACK_BOT_TOKEN]", "")
+        term.answer("Variable for the app token [SLACK_APP_TOKEN]", "")
+        term.answer("Copy member ID), comma-separated", "U0ANN, bob")
+        term.wait("'bob' is not a Slack member id")
+        term.answer("Copy member ID), comma-separated", "U0ANN, W0BOB")
+        term.answer("Steward's email address", "not-an-email")
+        term.wait("'not-an-email' is not an email address")
+        term.answer("Steward's email address", "steward@fastmail.com")
+        term.answer("Login [steward@fastmail.com]", "")
+        term.answer("Variable holding the password [STEWARD_EMAIL_PASSWORD]", "")
+        term.answer("comma-separated", "ann")
+        term.wait("'ann' is neither an email address nor @domain")
+        term.answer("comma-separated", "ann@example.com, @example.org")
+        return term.finish(), term.transcript
+
+    code, screen = await asyncio.to_thread(session)
+    assert code == 0, screen
+    config = loads(written(home), K="k", SLACK_BOT_TOKEN="b", SLACK_APP_TOKEN="a",
+                   STEWARD_EMAIL_PASSWORD="p")
+    assert config.slack.allowed_users == ["U0ANN", "W0BOB"]
+    assert config.email.address == "steward@fastmail.com"
+    assert config.email.allowed_senders == ["ann@example.com", "@example.org"]
+
+
+async def test_with_yes_a_bad_member_id_or_address_is_one_line(home):
+    quiet = ["init", "--yes", "--provider", "openai", "--model", "m", "--timezone", "UTC"]
+    cases = [
+        ([*quiet, "--slack", "socket", "--slack-users", "U0ANN,bob"],
+         "--slack-users: 'bob' is not a Slack member id"),
+        ([*quiet, "--email", "fastmail", "--email-address", "not-an-email"],
+         "--email-address: 'not-an-email' is not an email address"),
+        ([*quiet, "--email", "fastmail", "--email-address", "s@fastmail.com",
+          "--email-senders", "ann"], "--email-senders: 'ann' is neither an email address "
+                                     "nor @domain"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error((args, await steward(home, *args)), 2, needle)
+    assert not written(home).exists()

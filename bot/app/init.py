@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.app import configfile, presets, slack_manifest
+from bot.app import addresses, configfile, presets, slack_manifest
 from bot.app.errors import UsageError
 from bot.app.toml_text import Table, render
 from bot.config_source import CONFIG_NAME
@@ -31,7 +31,20 @@ class Prompter:
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
-    def ask(self, question: str, default: str = "") -> str:
+    def ask(self, question: str, default: str = "",
+            check: Callable[[str], str | None] | None = None) -> str:
+        """The answer; `check` says what is wrong with one (None: nothing), and the
+        question is asked again with that line."""
+        while True:
+            answer = self._answer(question, default)
+            problem = check(answer) if check is not None and answer else None
+            if problem is None:
+                return answer
+            if not self.interactive:  # a default that is wrong: no one to ask again
+                raise UsageError(f"{question}: {problem}")
+            self.say(f"  {problem}")
+
+    def _answer(self, question: str, default: str) -> str:
         if not self.interactive:
             return default
         shown = f" [{default}]" if default else ""
@@ -55,9 +68,26 @@ class Prompter:
                 return answer
             self.say(f"  one of: {', '.join(choices)}")
 
-    def listed(self, question: str, default: list[str] | None) -> list[str]:
-        text = self.ask(question, ", ".join(default or []))
-        return [item.strip() for item in text.split(",") if item.strip()]
+    def listed(self, question: str, default: list[str] | None,
+               check: Callable[[str], str | None] | None = None) -> list[str]:
+        """A comma-separated answer as a list; `check` as for `ask`, for each item."""
+        def first_problem(text: str) -> str | None:
+            return next(filter(None, map(check, _items(text))), None) if check else None
+
+        return _items(self.ask(question, ", ".join(default or []), first_problem))
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _flag(value, name: str, check: Callable[[str], str | None]):
+    """A flag's value (a text or a list), refused in one line if `check` finds a
+    problem in it."""
+    for item in [value] if isinstance(value, str) else value or []:
+        if problem := check(item):
+            raise UsageError(f"{name}: {problem}")
+    return value
 
 
 def run(args, env=os.environ) -> int:
@@ -239,9 +269,10 @@ def _slack(args, ask: Prompter, secrets: list[str]) -> list[Table]:
         secrets.append(slack["signing_secret_env"])
         slack.comment = "Slack posts to http://http_host:http_port/slack/events (behind your " \
                         "https proxy)"
-    slack["allowed_users"] = args.slack_users if args.slack_users is not None else ask.listed(
+    users = _flag(args.slack_users, "--slack-users", addresses.member_id_problem)
+    slack["allowed_users"] = users if users is not None else ask.listed(
         "Member ids Steward answers (Slack: your profile, ..., Copy member ID), comma-separated",
-        [])
+        [], addresses.member_id_problem)
     return [slack]
 
 
@@ -254,7 +285,8 @@ def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
     if name == "off":
         return []
     preset = presets.EMAIL_PRESETS[name]
-    address = args.email_address or ask.ask("Steward's email address")
+    address = _flag(args.email_address, "--email-address", addresses.address_problem) \
+        or ask.ask("Steward's email address", check=addresses.address_problem)
     if not address:
         raise UsageError("email needs --email-address (Steward's own mailbox)")
     imap_host = args.imap_host or preset.imap[0] or ask.ask("IMAP server")
@@ -272,8 +304,10 @@ def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
                  sent_mailbox=preset.sent_mailbox, smtp_host=smtp_host,
                  smtp_port=preset.smtp[1], smtp_security=preset.smtp[2], smtp_user=user,
                  smtp_password_env=password_env)
-    email["allowed_senders"] = args.email_senders if args.email_senders is not None \
-        else ask.listed("Who may write to Steward (addresses or @domain), comma-separated", [])
+    senders = _flag(args.email_senders, "--email-senders", addresses.sender_problem)
+    email["allowed_senders"] = senders if senders is not None else ask.listed(
+        "Who may write to Steward (addresses or @domain), comma-separated", [],
+        addresses.sender_problem)
     secrets.append(password_env)
     return [email]
 
