@@ -3,6 +3,7 @@ questions and with `--yes` and flags without one. What it writes loads with the 
 loader Steward starts with, holds no secret, and is never written over unasked."""
 
 import asyncio
+import json
 import os
 import select
 import stat
@@ -333,3 +334,20 @@ async def test_with_yes_a_bad_member_id_or_address_is_one_line(home):
     for args, needle in cases:
         assert_one_line_error((args, await steward(home, *args)), 2, needle)
     assert not written(home).exists()
+
+
+async def test_the_secrets_go_in_one_file_that_doctor_and_the_service_read(home):
+    args = ["init", "--yes", "--provider", "openai", "--model", "m", "--api-key-env",
+            "MY_KEY", "--timezone", "UTC", "--slack", "socket", "--slack-users", "U0ANN"]
+    code, out, err = await steward(home, *args)
+    assert code == 0, err
+    secrets = home / "xdg" / "steward" / "env"
+    assert f"put them in {secrets} (made now, 0600: fill in the values)" in out
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    body = secrets.read_text()
+    assert all(f"#{name}=" in body for name in ("MY_KEY", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"))
+    secrets.write_text("MY_KEY=k-1\nSLACK_BOT_TOKEN=xoxb-1\nSLACK_APP_TOKEN=xapp-1\n")
+    code, out, err = await steward(home, "doctor", "--json", "--timeout", "1")
+    rows = {r["check"]: r for r in map(json.loads, out.splitlines())}
+    assert rows["secrets"]["status"] == "ok", rows["secrets"]
+    assert rows["secrets"]["detail"] == "set: MY_KEY, SLACK_BOT_TOKEN, SLACK_APP_TOKEN"

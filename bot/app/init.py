@@ -1,7 +1,8 @@
 """`steward init`: write config.toml, asking on a terminal or taking flags with `--yes`.
 
-The file names environment variables and never holds a secret: tokens and passwords are
-set in the environment (or in the service's environment file, `steward service install`).
+The file names environment variables and never holds a secret: tokens and passwords go in
+the secrets file (`~/.config/steward/env`, made here 0600 with their names; the service and
+every command read it: bot/app/secrets_file.py) or the environment, which wins.
 What is already on the machine is offered first: an API key in the environment, a local
 Ollama. The text is checked by the config loader before it is written, so what `init`
 writes is what `steward run` accepts.
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.app import addresses, configfile, presets, slack_manifest
+from bot.app import addresses, configfile, presets, secrets_file, slack_manifest
 from bot.app.errors import UsageError
 from bot.app.toml_text import Table, render
 from bot.config_source import CONFIG_NAME
@@ -118,6 +119,16 @@ def run(args, env=os.environ) -> int:
     _write(target, text)
     _report(target, secrets, env, config.limits)
     return 0
+
+
+def _secrets_file(names: list[str], env) -> str:
+    """Where the secrets go: the one file the service and every command read, made here
+    (0600, the names commented out) when this config needs any and it is not there yet."""
+    file = secrets_file.path(env)
+    if names and not file.exists():
+        secrets_file.create(file, names)
+        return f"{file} (made now, 0600: fill in the values)"
+    return str(file)
 
 
 def _target(args, env) -> Path:
@@ -347,7 +358,9 @@ def _report(target: Path, secrets: list[str], env, limits) -> None:
     names = list(dict.fromkeys(secrets))
     unset = [n for n in names if not env.get(n)]
     if names:
-        print("secrets it reads from the environment: " + ", ".join(
+        print("secrets it reads: " + ", ".join(
             f"{n}{' (not set now)' if n in unset else ''}" for n in names))
+        print(f"put them in {_secrets_file(names, env)}, which the service and every "
+              "steward command read (or export them in the shell)")
     print("next: `steward doctor` checks it all; `steward service install` keeps "
-          "`steward run` running (its environment file holds the secrets)")
+          "`steward run` running")

@@ -69,3 +69,29 @@ def load(environ: MutableMapping[str, str]) -> list[str]:
         return [f"{file} is readable by others (mode {stat.S_IMODE(mode):04o}); "
                 f"chmod 600 {file}"]
     return []
+
+
+def template(needed: list[str]) -> str:
+    lines = ["# Steward's secrets: KEY=value, one a line, no quotes. The service and every",
+             "# steward command read this file (a variable set in the environment wins).",
+             "# It is private (0600); Steward never writes a value into it."]
+    lines += [f"#{name}=" for name in dict.fromkeys(needed)] or ["# (this config needs none)"]
+    return "\n".join(lines) + "\n"
+
+
+def create(file: Path, needed: list[str]) -> str | None:
+    """Make the file (0600) naming the variables `needed`, commented out, unless it exists;
+    one that others can read is made private. What was done to an existing file, if
+    anything, as a line to show."""
+    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = file.stat().st_mode
+        if mode & 0o077:  # it holds secrets: others must not read it
+            os.chmod(file, mode & 0o700)
+            return f"made {file} private (it was readable by others)"
+        return None
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(template(needed))
+    return None

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.app import configfile
+from bot.app import configfile, secrets_file
 from bot.app.errors import UsageError
 from bot.app.secrets_file import path as env_file
 from bot.app.secrets_file import read as read_env_file
@@ -113,13 +113,6 @@ def launchd_plist(command: list[str], *, home: Path, secrets: Path) -> bytes:
     })
 
 
-def _secrets_template(needed: list[str]) -> str:
-    lines = ["# Secrets for `steward run` as a service: KEY=value, one a line, no quotes.",
-             "# This file is private (0600); Steward never writes a value into it."]
-    lines += [f"#{name}=" for name in dict.fromkeys(needed)] or ["# (this config needs none)"]
-    return "\n".join(lines) + "\n"
-
-
 # -- the command -------------------------------------------------------------------------
 
 
@@ -152,7 +145,8 @@ def run(args, env=os.environ) -> int:
     from bot.home import make_private
 
     make_private(config.home)  # the service starts in it
-    _write_secrets_file(secrets, [name for _, name in needed_secrets(config, env)])
+    if said := secrets_file.create(secrets, [name for _, name in needed_secrets(config, env)]):
+        print(said)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     print(f"wrote {path}")
@@ -166,20 +160,6 @@ def run(args, env=os.environ) -> int:
         print("to keep it running while you are logged out: loginctl enable-linger "
               f"{env.get('USER') or getpass.getuser()}")
     return 0
-
-
-def _write_secrets_file(path: Path, needed: list[str]) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = path.stat().st_mode
-        if mode & 0o077:  # it holds secrets: others must not read it
-            os.chmod(path, mode & 0o700)
-            print(f"made {path} private (it was readable by others)")
-        return
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(_secrets_template(needed))
 
 
 def _start_commands(path: Path, darwin: bool) -> str:
