@@ -108,8 +108,8 @@ async def test_the_service_secrets_file_is_read_and_the_environment_wins(home):
 async def test_a_secrets_file_others_can_read_is_warned_about(home):
     write_config(home, '[llm]\nprovider = "scripted"\n')
     write_secrets(home, "SOMETHING=secret-value\n", mode=0o644)
-    code, out, err = await steward(home, "sessions")
-    assert (code, out) == (0, "no conversations yet\n")
+    code, out, err = await steward(home, "db", "upgrade")
+    assert code == 0
     secrets = config_dir(home) / "env"
     assert err.strip() == (f"steward: warning: {secrets} is readable by others (mode 0644); "
                            f"chmod 600 {secrets}")

@@ -58,7 +58,7 @@ def load(environ: MutableMapping[str, str]) -> list[str]:
     try:
         mode = file.stat().st_mode
         values = read(file)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     except (OSError, UnicodeDecodeError) as exc:
         return [f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}"]
