@@ -4,13 +4,15 @@ Where things are found (first match wins):
 
 * home directory (holds the SQLite database): ``--home``, ``$STEWARD_HOME``,
   ``$XDG_DATA_HOME/steward``, ``~/.local/share/steward``;
-* config file: ``--config`` (must exist), ``$STEWARD_CONFIG`` (must exist),
+* config file: ``--config`` (must exist; a directory means its ``config.toml``),
+  ``$STEWARD_CONFIG`` (the same),
   ``./config.toml``, ``$XDG_CONFIG_HOME/steward/config.toml``
   (``~/.config/steward/config.toml``); no file at all means the defaults.
 
 An absent or empty file is a working config: embedded SQLite, no connectors. Every
-problem (bad TOML, unknown key, wrong type, missing secret) is raised as one
-``ConfigError`` whose ``str()`` is a single line naming the file and the key::
+problem (bad TOML, unknown key, wrong type, a missing secret of what the command uses) is
+raised as one ``ConfigError`` whose ``str()`` is a single line naming the file and the
+key::
 
     config.toml: [slack] mode: Input should be 'socket' or 'http' (got 'udp')
 
@@ -21,7 +23,7 @@ event loop exists.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,6 +69,8 @@ __all__ = [
     "load_found",
     "resolve_home",
     "secret_names",
+    "secret_sections",
+    "unset_secrets",
 ]
 
 
@@ -82,21 +86,30 @@ class Section(BaseModel):
         return []
 
 
+# `[store] url` schemes, as written -> as the store opens them.
+STORE_SCHEMES = {"postgres": POSTGRES_SCHEME, "postgresql": POSTGRES_SCHEME,
+                 POSTGRES_SCHEME: POSTGRES_SCHEME, "sqlite": SQLITE_SCHEME,
+                 SQLITE_SCHEME: SQLITE_SCHEME}
+
+
 class StoreConfig(Section):
     url: str = ""  # empty = SQLite file steward.db in the home dir
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: str) -> str:
+        """The URL with the driver's scheme: the spellings people copy from elsewhere
+        (`postgres://`, `postgresql://`, `sqlite:///`) mean the drivers Steward uses."""
         if not url:
             return url
-        hint = f"use {SQLITE_SCHEME}:///PATH, {POSTGRES_SCHEME}://... or leave empty"
+        hint = f"use {SQLITE_SCHEME}:///PATH, postgresql://... or leave empty"
         if "://" not in url:
             raise ValueError(f"not a database URL; {hint}")
-        scheme = url.split("://", 1)[0]
-        if scheme not in (SQLITE_SCHEME, POSTGRES_SCHEME):
+        scheme, rest = url.split("://", 1)
+        driver = STORE_SCHEMES.get(scheme.lower())
+        if driver is None:
             raise ValueError(f"unsupported scheme {scheme!r}; {hint}")
-        return url
+        return f"{driver}://{rest}"
 
 
 # `[llm] provider`: the wire and its defaults. "ollama" and "llamacpp" are OpenAI-compatible
@@ -436,16 +449,18 @@ def load_config(
     cwd: Path | None = None,
     *,
     model: type[Config] = Config,
+    needs: Collection[str] | None = None,
 ) -> Config:
     """Find, read, validate and check the config; raise ConfigError on any problem."""
     found = locate(cli_config, cli_home, env, cwd if cwd is not None else Path.cwd())
-    return load_found(found, env, model=model)
+    return load_found(found, env, model=model, needs=needs)
 
 
-def load_found(found: Found, env: Mapping[str, str], *, model: type[Config] = Config
-               ) -> Config:
-    """Validate and check the config `locate` found."""
-    return build_config(found.data(), home=found.home, path=found.path, env=env, model=model)
+def load_found(found: Found, env: Mapping[str, str], *, model: type[Config] = Config,
+               needs: Collection[str] | None = None) -> Config:
+    """Validate and check the config `locate` found (`needs`: as `build_config`)."""
+    return build_config(found.data(), home=found.home, path=found.path, env=env, model=model,
+                        needs=needs)
 
 
 def build_config(
@@ -455,8 +470,11 @@ def build_config(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
     model: type[Config] = Config,
+    needs: Collection[str] | None = None,
 ) -> Config:
-    """Validate already-parsed TOML data (also handy in tests: no file needed)."""
+    """Validate already-parsed TOML data (also handy in tests: no file needed). `needs`:
+    the sections whose secrets must be set (None: every section's); a command that does
+    not use Slack does not need its tokens."""
     try:
         config = model.model_validate(dict(data))
     except ValidationError as exc:
@@ -465,7 +483,7 @@ def build_config(
     config._path = path
     config._home = home
     config._env = dict(env or {})
-    missing = _missing_secrets(config)
+    missing = unset_secrets(config, needs)
     if missing:
         raise ConfigError(path, missing)
     return config
@@ -505,17 +523,31 @@ def _toml_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def secret_names(config: Config) -> list[tuple[str, str]]:
-    """(`[section] key`, the variable it names) for every secret this config needs."""
-    return [(f"[{section}] {key}", getattr(values, key))
+def secret_names(config: Config, sections: Collection[str] | None = None
+                 ) -> list[tuple[str, str]]:
+    """(`[section] key`, the variable it names) for every secret this config needs, or
+    only for those of `sections`."""
+    return [(f"[{section}] {key}", name) for section, key, name in _secrets(config, sections)]
+
+
+def secret_sections(config: Config) -> list[tuple[str, str]]:
+    """(section, the variable it names) for every secret this config needs."""
+    return [(section, name) for section, _, name in _secrets(config, None)]
+
+
+def _secrets(config: Config, sections: Collection[str] | None):
+    return [(section, key, getattr(values, key))
             for section in type(config).model_fields
+            if sections is None or section in sections
             if isinstance(values := getattr(config, section), Section)
             for key in values.secrets()]
 
 
-def _missing_secrets(config: Config) -> list[tuple[str, str]]:
+def unset_secrets(config: Config, sections: Collection[str] | None = None
+                  ) -> list[tuple[str, str]]:
+    """(where, what) for each secret of `sections` (None: all) that is not set."""
     problems = []
-    for where, name in secret_names(config):
+    for where, name in secret_names(config, sections):
         if not name:
             problems.append((where, "must name an environment variable"))
         elif not config._env.get(name):

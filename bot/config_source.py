@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 SQLITE_SCHEME = "sqlite+aiosqlite"
 POSTGRES_SCHEME = "postgresql+asyncpg"
 DB_FILENAME = "steward.db"
+CONFIG_NAME = "config.toml"
 NO_FILE = "(no config file)"
 
 
@@ -93,21 +94,26 @@ def resolve_home(cli_home: str | None, env: Mapping[str, str], cwd: Path | None 
 
 
 def find_config_path(cli_config: str | None, env: Mapping[str, str], cwd: Path) -> Path | None:
-    """``--config`` (must exist), else ``$STEWARD_CONFIG`` (must exist), else
-    ``cwd/config.toml``, else ``$XDG_CONFIG_HOME/steward/config.toml``
+    """``--config`` (must exist; a directory: its config.toml), else ``$STEWARD_CONFIG``
+    (the same), else ``cwd/config.toml``, else ``$XDG_CONFIG_HOME/steward/config.toml``
     (``~/.config/steward/config.toml``) if it exists, else None."""
     for raw, origin in ((cli_config, "--config"), (env.get("STEWARD_CONFIG"), "$STEWARD_CONFIG")):
         if raw:
             path = _expand(raw, env, cwd)
+            if path.is_dir():  # the directory that holds it (`--config ~/.config/steward`)
+                if not (path / CONFIG_NAME).is_file():
+                    raise ConfigError(path, [("", f"no {CONFIG_NAME} in this directory "
+                                                  f"(from {origin})")])
+                return path / CONFIG_NAME
             if not path.is_file():
                 raise ConfigError(path, [("", f"config file not found (from {origin})")])
             return path
-    local = cwd / "config.toml"
+    local = cwd / CONFIG_NAME
     if local.is_file():
         return local
     xdg = env.get("XDG_CONFIG_HOME")
     config_dir = _expand(xdg, env, cwd) if xdg else _user_home(env) / ".config"
-    user = config_dir / "steward" / "config.toml"
+    user = config_dir / "steward" / CONFIG_NAME
     return user if user.is_file() else None
 
 

@@ -232,6 +232,14 @@ def test_bad_store_url_scheme(env, cwd):
     assert message.startswith(f"{cwd / 'config.toml'}: [store] url: unsupported scheme 'mysql'; ")
 
 
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+asyncpg",
+                                    "POSTGRESQL"])
+def test_the_common_postgresql_url_spellings_mean_the_driver_url(env, cwd, scheme):
+    config = load_text(cwd, env, f'[store]\nurl = "{scheme}://ann:pw@db.lan:5433/steward"\n')
+    assert config.store.url == config.store_url == \
+        "postgresql+asyncpg://ann:pw@db.lan:5433/steward"
+
+
 def test_store_url_without_scheme(env, cwd):
     message = error_of(cwd, env, '[store]\nurl = "steward.db"\n')
     assert "[store] url: not a database URL; " in message

@@ -140,6 +140,7 @@ def write_config(home, *, model_url=None, slack_url=None, imap_port=None, smtp_p
                     "imap_host": "127.0.0.1", "imap_port": imap_port, "imap_security": "none",
                     "imap_user": user, "smtp_host": "127.0.0.1", "smtp_port": smtp_port,
                     "smtp_security": "none", "smtp_user": "steward",
+                    "allowed_senders": ["ann@example.com"],
                     "smtp_password_env": "TEST_SMTP_PASSWORD", **email}
         lines.append("[email]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
@@ -179,7 +180,7 @@ async def test_everything_in_place_passes(home, model, slack, account, smtp):
                  smtp_port=smtp.port, user=account.user)
     code, rows, err = await doctor(home, **secrets(account))
     assert {name: r["status"] for name, r in rows.items()} == {
-        "config": "ok", "secrets": "ok", "permissions": "ok", "service": "ok",
+        "config": "ok", "secrets": "ok", "permissions": "ok", "people": "ok", "service": "ok",
         "limits": "ok", "backup": "ok", "database": "ok", "model": "ok",
         "slack": "ok", "imap": "ok", "smtp": "ok", "clock": "ok"}, rows
     assert code == 0 and err == ""
@@ -209,7 +210,7 @@ async def test_wrong_secrets_are_failed_rows_with_fixes(home, model, slack, acco
     assert_failed(rows, "imap", "no mailbox Sent Items")
     assert '"Sent"' in rows["imap"]["fix"]  # the server's own folders are offered
     assert rows["smtp"]["status"] == "ok"
-    assert err.startswith("steward: 3 of 12 checks failed: model: ") and len(
+    assert err.startswith("steward: 3 of 13 checks failed: model: ") and len(
         err.strip().splitlines()) == 1
 
     # the right token without two scopes; a wrong IMAP and SMTP password
@@ -310,7 +311,8 @@ async def test_files_others_can_read_are_named_with_the_command_that_fixes_them(
     os.chmod(home / "notes.txt", 0o644)
     secrets_file = home / "xdg" / "steward" / "env"
     secrets_file.parent.mkdir(parents=True)
-    secrets_file.write_text("OPENAI_API_KEY=sk-x\n")
+    # (not a model's key: every command reads this file, doctor's model check too)
+    secrets_file.write_text("SOME_TOKEN=x\n")
     os.chmod(secrets_file, 0o640)
     code, rows, _ = await doctor(home)
     assert_failed(rows, "permissions", f"{home} 0755", f"{home / 'notes.txt'} 0644",
@@ -330,7 +332,7 @@ async def test_a_broken_config_or_unset_secrets(home, model):
     assert_failed(rows, "config", f"{home / 'config.toml'}: [llm] temperature: unknown key")
     assert {r["status"] for name, r in rows.items() if name != "config"} == {"skip"}
     assert err.strip().splitlines() == [
-        f"steward: 1 of 12 checks failed: config: {home / 'config.toml'}: [llm] temperature: "
+        f"steward: 1 of 13 checks failed: config: {home / 'config.toml'}: [llm] temperature: "
         "unknown key"]
 
     write_config(home, model_url=model.url, slack_url="http://127.0.0.1:9/api/")
@@ -351,3 +353,25 @@ async def test_the_table_has_a_fix_under_each_failure(home):
         f"fix: chmod 700 {home}")
     assert any(line.startswith("model") and " warn " in line for line in lines)  # demo model
     assert code == 1 and len(err.strip().splitlines()) == 1
+
+
+async def test_names_where_ids_or_addresses_belong_are_failed(home):
+    (home / "config.toml").write_text(
+        '[slack]\nenabled = true\nallowed_users = ["U0ANN", "bob"]\n'
+        '[email]\nenabled = true\naddress = "not-an-email"\nimap_host = "127.0.0.1"\n'
+        'smtp_host = "127.0.0.1"\nallowed_senders = ["ann@example.com", "ann"]\n'
+        '[agent]\nallowed_recipients = ["@example.org", "bob at example"]\n')
+    code, rows, _ = await doctor(home, "--timeout", "2")
+    assert code == 1
+    assert_failed(rows, "people", "[slack] allowed_users: 'bob' is not a Slack member id",
+                  "[email] address: 'not-an-email' is not an email address",
+                  "[email] allowed_senders: 'ann' is neither an email address nor @domain",
+                  "[agent] allowed_recipients: 'bob at example' is neither")
+    assert "Copy member ID" in rows["people"]["fix"]
+    (home / "config.toml").write_text('[slack]\nenabled = true\nallowed_users = ["U0ANN"]\n'
+                                      '[email]\nenabled = true\naddress = "s@example.org"\n'
+                                      'imap_host = "127.0.0.1"\nsmtp_host = "127.0.0.1"\n')
+    code, rows, _ = await doctor(home, "--timeout", "2")
+    assert rows["people"]["status"] == "warn", rows["people"]
+    assert rows["people"]["detail"] == ("Slack answers U0ANN; mail answers nobody "
+                                        "([email] allowed_senders is empty)")

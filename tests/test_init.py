@@ -3,6 +3,7 @@ questions and with `--yes` and flags without one. What it writes loads with the 
 loader Steward starts with, holds no secret, and is never written over unasked."""
 
 import asyncio
+import json
 import os
 import select
 import stat
@@ -170,12 +171,26 @@ async def test_bad_input_is_one_line(home):
         (["init", "--yes", "--timezone", "Mars/Olympus", "--ollama-url", no_ollama()], 2,
          "[agent] timezone: unknown timezone 'Mars/Olympus'"),
         (["init", "--yes", "--slack", "carrier"], 2, "invalid choice"),
-        (["init", "--yes", "--config", str(home)], 2, "is a directory"),
     ]
     for args, code, needle in cases:
         result = await steward(home, *args)
         assert_one_line_error((args, result), code, needle)
     assert not written(home).exists()
+
+
+async def test_config_may_name_the_directory_to_write_config_toml_into(home):
+    folder = home / "conf"
+    folder.mkdir()
+    code, out, err = await steward(home, "init", "--yes", "--ollama-url", no_ollama(),
+                                   "--config", str(folder))
+    assert code == 0, err
+    assert f"wrote {folder / 'config.toml'}" in out
+    assert loads(folder / "config.toml").path == folder / "config.toml"
+    odd = home / "odd"
+    (odd / "config.toml").mkdir(parents=True)  # what it would write is a directory
+    args = ["init", "--yes", "--config", str(odd)]
+    assert_one_line_error((args, await steward(home, *args)), 2,
+                          f"{odd / 'config.toml'} is a directory")
 
 
 def test_the_parser_offers_the_presets_it_knows():
@@ -272,3 +287,67 @@ async def test_on_a_terminal_it_asks_and_defaults_are_one_key_away(home):
     assert config.email.imap_password_env == "ICLOUD_PW"
     assert config.email.allowed_senders == ["ann@example.com"]
     assert SECRETS["ANTHROPIC_API_KEY"] not in written(home).read_text()
+
+
+async def test_a_name_for_a_member_id_or_a_mailbox_that_is_no_address_is_asked_again(home):
+    env = steward_env(home)
+
+    def session():
+        term = Terminal(home, "--provider", "openai", "--model", "m", "--api-key-env", "K",
+                        "--timezone", "UTC", "--slack", "socket", "--email", "fastmail",
+                        env=env)
+        term.answer("Variable for the bot token [SLACK_BOT_TOKEN]", "")
+        term.answer("Variable for the app token [SLACK_APP_TOKEN]", "")
+        term.answer("Copy member ID), comma-separated", "U0ANN, bob")
+        term.wait("'bob' is not a Slack member id")
+        term.answer("Copy member ID), comma-separated", "U0ANN, W0BOB")
+        term.answer("Steward's email address", "not-an-email")
+        term.wait("'not-an-email' is not an email address")
+        term.answer("Steward's email address", "steward@fastmail.com")
+        term.answer("Login [steward@fastmail.com]", "")
+        term.answer("Variable holding the password [STEWARD_EMAIL_PASSWORD]", "")
+        term.answer("comma-separated", "ann")
+        term.wait("'ann' is neither an email address nor @domain")
+        term.answer("comma-separated", "ann@example.com, @example.org")
+        return term.finish(), term.transcript
+
+    code, screen = await asyncio.to_thread(session)
+    assert code == 0, screen
+    config = loads(written(home), K="k", SLACK_BOT_TOKEN="b", SLACK_APP_TOKEN="a",
+                   STEWARD_EMAIL_PASSWORD="p")
+    assert config.slack.allowed_users == ["U0ANN", "W0BOB"]
+    assert config.email.address == "steward@fastmail.com"
+    assert config.email.allowed_senders == ["ann@example.com", "@example.org"]
+
+
+async def test_with_yes_a_bad_member_id_or_address_is_one_line(home):
+    quiet = ["init", "--yes", "--provider", "openai", "--model", "m", "--timezone", "UTC"]
+    cases = [
+        ([*quiet, "--slack", "socket", "--slack-users", "U0ANN,bob"],
+         "--slack-users: 'bob' is not a Slack member id"),
+        ([*quiet, "--email", "fastmail", "--email-address", "not-an-email"],
+         "--email-address: 'not-an-email' is not an email address"),
+        ([*quiet, "--email", "fastmail", "--email-address", "s@fastmail.com",
+          "--email-senders", "ann"], "--email-senders: 'ann' is neither an email address "
+                                     "nor @domain"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error((args, await steward(home, *args)), 2, needle)
+    assert not written(home).exists()
+
+
+async def test_the_secrets_go_in_one_file_that_doctor_and_the_service_read(home):
+    args = ["init", "--yes", "--provider", "openai", "--model", "m", "--api-key-env",
+            "MY_KEY", "--timezone", "UTC", "--slack", "socket", "--slack-users", "U0ANN"]
+    code, out, err = await steward(home, *args)
+    assert code == 0, err
+    secrets = home / "xdg" / "steward" / "env"
+    assert f"put them in {secrets} (made now, 0600: fill in the values)" in out
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    body = secrets.read_text()
+    assert all(f"#{name}=" in body for name in ("MY_KEY", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN"))
+    secrets.write_text("MY_KEY=k-1\nSLACK_BOT_TOKEN=xoxb-1\nSLACK_APP_TOKEN=xapp-1\n")
+    code, out, err = await steward(home, "doctor", "--json", "--timeout", "1")
+    rows = {r["check"]: r for r in map(json.loads, out.splitlines())}
+    assert rows["secrets"]["status"] == "ok", rows["secrets"]
+    assert rows["secrets"]["detail"] == "set: MY_KEY, SLACK_BOT_TOKEN, SLACK_APP_TOKEN"

@@ -21,6 +21,7 @@ import sys
 sys.modules.setdefault("httpx._main", None)
 
 DEFAULT_SESSION = "cli:default"
+KEY_HELP = "the conversation's key (`steward sessions` lists them)"
 # `store.STATES`, spelled out so that the parser needs no database code (a test keeps the
 # two the same).
 TASK_STATES = ("pending", "running", "waiting", "done", "failed", "interrupted", "blocked")
@@ -82,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="steward", description="A durable personal agent.")
     p.add_argument("--version", action=_Version, help="print the version and exit")
     p.add_argument("--home", help="data directory (env STEWARD_HOME)")
-    p.add_argument("--config", help="config file (env STEWARD_CONFIG)")
+    p.add_argument("--config", help="config file, or the directory holding config.toml "
+                   "(env STEWARD_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     # The same options after the command (`steward log KEY --home H`); SUPPRESS keeps a
     # value given before the command when they are not repeated after it.
@@ -96,21 +98,34 @@ def _parser() -> argparse.ArgumentParser:
     class sub:  # noqa: N801 - reads like the subparsers object it wraps
         @staticmethod
         def add_parser(name, **kw):
+            """A command: its `help` is its line in `steward --help` and, unless it has a
+            longer `description`, the first line of its own page."""
+            kw.setdefault("description", _sentence(kw.get("help", "")))
             return subparsers.add_parser(name, parents=[common], **kw)
 
-    run = sub.add_parser("run", help="resume interrupted work, then serve until SIGTERM")
+    run = sub.add_parser(
+        "run", help="resume interrupted work, then serve until SIGTERM",
+        description="Serve: resume what the last process left, then answer Slack and mail "
+        "and fire schedules until Ctrl-C or SIGTERM (which finish the work in hand first). "
+        "It keeps the terminal; use a second one for the other commands, or `steward "
+        "service install` to run it as a service.")
     run.add_argument("--accept-data-loss", action="store_true",
                      help="start although the SQLite database lost commits this home saw "
                      "(a deleted -wal after a crash): go on with it as it is")
     sub.add_parser("resume", help="finish all interrupted or pending work, then exit")
-    chat = sub.add_parser("chat", help="talk to the agent in the terminal")
-    chat.add_argument("--session", type=_key, default=DEFAULT_SESSION)
+    session_help = f"the conversation's key (default {DEFAULT_SESSION}; any name starts one)"
+    chat = sub.add_parser("chat", help="talk to the agent in the terminal",
+                          description="Talk to Steward in the terminal, answers streamed as "
+                          "they are written; an empty line or Ctrl-D ends it.")
+    chat.add_argument("--session", type=_key, default=DEFAULT_SESSION, help=session_help)
     ask = sub.add_parser("ask", help="one message; print the reply; exit")
-    ask.add_argument("--session", type=_key, default=DEFAULT_SESSION)
+    ask.add_argument("--session", type=_key, default=DEFAULT_SESSION, help=session_help)
     ask.add_argument("--request-id", help="asking twice with the same id answers once")
-    ask.add_argument("text", nargs="+")
+    ask.add_argument("text", nargs="+", help="the message (several words need no quotes)")
     db = sub.add_parser("db", help="database maintenance")
-    db.add_argument("action", choices=["upgrade"])
+    db.add_argument("action", choices=["upgrade"],
+                    help="upgrade: migrate to this version's schema now (every start does it "
+                    "too)")
     db.add_argument("--no-snapshot", action="store_true",
                     help="migrate without a snapshot first (only after backing the "
                     "database up yourself, e.g. where pg_dump is missing)")
@@ -118,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     def listing(name, help_):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--json", action="store_true", help="one JSON object per line")
-        sp.add_argument("--limit", type=_positive, default=50)
+        sp.add_argument("--limit", type=_positive, default=50,
+                        help="at most this many rows (default %(default)s)")
         return sp
 
     facts = sub.add_parser("facts", help="what Steward remembers, per scope, and where each "
@@ -126,15 +142,22 @@ def _parser() -> argparse.ArgumentParser:
     facts.add_argument("--scope", help="one scope (private:<person>, channel:<id>); default all")
     facts.add_argument("--json", action="store_true", help="one JSON object per line")
     context = sub.add_parser("context", help="the exact context the model would get now")
-    context.add_argument("key")
-    context.add_argument("--json", action="store_true")
-    search = sub.add_parser("search", help="full-history search")
-    search.add_argument("query", nargs="+")
+    context.add_argument("key", help=KEY_HELP)
+    context.add_argument("--json", action="store_true", help="the request as JSON")
+    search = sub.add_parser("search", help="full-history search",
+                            description="Search every conversation's whole history, "
+                            "summarised parts included; best matches first.")
+    search.add_argument("query", nargs="+", help="words to look for")
     search.add_argument("--session", help="only this conversation")
-    search.add_argument("--limit", type=_positive, default=10)
+    search.add_argument("--limit", type=_positive, default=10,
+                        help="at most this many hits (default %(default)s)")
     search.add_argument("--json", action="store_true", help="one JSON object per line")
-    imports = sub.add_parser("import", help="bring existing history in (idempotent)")
-    imports.add_argument("file")
+    imports = sub.add_parser(
+        "import", help="bring existing history in (idempotent)",
+        description="Bring existing history in: Steward's own JSONL (what export writes), "
+        "a Slack export (.zip or its folder) or an mbox. Running it again adds only what "
+        "is missing, so an interrupted import is simply run again.")
+    imports.add_argument("file", help="the file (or an unpacked Slack export's folder)")
     imports.add_argument("--format", choices=["jsonl", "slack", "mbox"],
                          help="default: guessed from the file")
     imports.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -147,9 +170,9 @@ def _parser() -> argparse.ArgumentParser:
                         "./steward-export-<date>)")
     export.add_argument("--json", action="store_true", help="print the summary as JSON")
     compact = sub.add_parser("compact", help="summarise a conversation's old history now")
-    compact.add_argument("key")
+    compact.add_argument("key", help=KEY_HELP)
     tasks = listing("tasks", "tasks by state")
-    tasks.add_argument("--state", choices=TASK_STATES)
+    tasks.add_argument("--state", choices=TASK_STATES, help="only tasks in this state")
     listing("sessions", "conversations, newest first")
     quarantine = listing("quarantine", "inbound messages that could not be processed")
     quarantine.add_argument("--channel", help="e.g. email or slack")
@@ -158,20 +181,26 @@ def _parser() -> argparse.ArgumentParser:
     usage = listing("usage", "what the model cost, by person, model and day")
     usage.add_argument("--days", type=_positive, default=30, help="this many days back")
     log = listing("log", "a page of a transcript")
-    log.add_argument("key")
+    log.description = ("A page of a conversation's transcript, oldest first: the newest "
+                       "entries, or those before --before.")
+    log.add_argument("key", help=KEY_HELP)
     log.add_argument("--before", type=_position, help="entries before this position")
-    fork = sub.add_parser("fork", help="fork a conversation")
-    fork.add_argument("key")
+    fork = sub.add_parser("fork", help="fork a conversation",
+                          description="Start a new conversation that shares this one's "
+                          "history up to an entry; the original goes on unchanged.")
+    fork.add_argument("key", help=KEY_HELP)
     fork.add_argument("--at", type=_position, help="entry position (default: the newest)")
     fork.add_argument("--as", dest="new_key", help="key of the fork")
     doc = sub.add_parser("doc", help="read a conversation's document")
-    doc.add_argument("key")
-    doc.add_argument("name")
+    doc.add_argument("key", help=KEY_HELP)
+    doc.add_argument("name", help="the document's name (e.g. todo)")
     doc.add_argument("--as-of", type=_position, help="as it was at this entry position")
-    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--json", action="store_true",
+                     help="with its version and position, as one JSON object")
     web = sub.add_parser("web", help="the inspector in a browser (read-only)")
     web.add_argument("--host", default="127.0.0.1", help="address to bind")
-    web.add_argument("--port", type=_port, default=8377)
+    web.add_argument("--port", type=_port, default=8377,
+                     help="port to listen on (default %(default)s; 0: any free one)")
     web.add_argument("--token", help="required of every request, 16 characters or more "
                      "(default: a random one each start, in the printed link); also "
                      "$STEWARD_WEB_TOKEN")
@@ -232,10 +261,15 @@ def _setup_commands(sub) -> None:
                        help="socket: no public URL needed (default when on); http: Slack "
                        "posts to --slack-url")
     slack.add_argument("--slack-url", help="public https URL of /slack/events (http mode)")
-    slack.add_argument("--slack-bot-token-env", default="SLACK_BOT_TOKEN", metavar="NAME")
-    slack.add_argument("--slack-app-token-env", default="SLACK_APP_TOKEN", metavar="NAME")
+    slack.add_argument("--slack-bot-token-env", default="SLACK_BOT_TOKEN", metavar="NAME",
+                       help="the variable holding the bot token, xoxb-... (default "
+                       "%(default)s)")
+    slack.add_argument("--slack-app-token-env", default="SLACK_APP_TOKEN", metavar="NAME",
+                       help="the variable holding the app-level token, xapp-... (Socket "
+                       "Mode; default %(default)s)")
     slack.add_argument("--slack-signing-secret-env", default="SLACK_SIGNING_SECRET",
-                       metavar="NAME")
+                       metavar="NAME", help="the variable holding the signing secret (HTTP "
+                       "mode; default %(default)s)")
     slack.add_argument("--slack-users", type=_listed, default=None, metavar="U1,U2",
                        help="member ids Steward answers (Slack: profile, Copy member ID)")
     mail = init.add_argument_group("email")
@@ -246,8 +280,10 @@ def _setup_commands(sub) -> None:
     mail.add_argument("--email-user", metavar="LOGIN", help="default: the address")
     mail.add_argument("--email-password-env", default="STEWARD_EMAIL_PASSWORD",
                       metavar="NAME", help="the variable holding the (app) password")
-    mail.add_argument("--imap-host", metavar="HOST")
-    mail.add_argument("--smtp-host", metavar="HOST")
+    mail.add_argument("--imap-host", metavar="HOST", help="IMAP server (default: the "
+                      "provider's)")
+    mail.add_argument("--smtp-host", metavar="HOST", help="SMTP server (default: the "
+                      "provider's)")
     mail.add_argument("--email-senders", type=_listed, default=None,
                       metavar="A,@DOMAIN", help="who Steward answers by mail")
 
@@ -259,7 +295,9 @@ def _setup_commands(sub) -> None:
 
     service = sub.add_parser("service", help="run `steward run` as a service that restarts "
                              "(systemd user unit; launchd on macOS)")
-    service.add_argument("action", choices=("install", "uninstall", "status"))
+    service.add_argument("action", choices=("install", "uninstall", "status"),
+                         help="install: write the unit and start it; uninstall: stop and "
+                         "remove it (the secrets file stays); status: is it running")
     service.add_argument("--print", dest="print_only", action="store_true",
                          help="show what would be written; change nothing")
     service.add_argument("--no-start", action="store_true",
@@ -270,6 +308,11 @@ def _setup_commands(sub) -> None:
 # them equal to bot.app.presets).
 PROVIDERS = ("auto", "openai", "anthropic", "ollama", "llamacpp", "compatible", "demo")
 EMAIL_PRESETS = ("gmail", "fastmail", "icloud", "outlook", "custom")
+
+
+def _sentence(text: str) -> str:
+    """A command's one-line help as the first line of its page."""
+    return text[:1].upper() + text[1:] + ("." if text and not text.endswith(".") else "")
 
 
 def _listed(text: str) -> list[str]:
@@ -286,17 +329,35 @@ def _seconds(text: str) -> float:
     return value
 
 
+SIGPIPE_EXIT = 128 + 13  # what a shell shows for a program that SIGPIPE ended
+
+
 def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # whatever this process creates is its owner's alone (DESIGN: 0700/0600)
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("ask", "chat") and not args.verbose:
-        # the terminal says itself why the model gave no answer (see bot.app.chat)
-        logging.getLogger("bot.agent.apology").setLevel(logging.ERROR)
-    from bot.app import commands  # the rest of Steward, now that a command is to run
+    try:
+        args = _parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if args.command in ("ask", "chat") and not args.verbose:
+            # the terminal says itself why the model gave no answer (see bot.app.chat)
+            logging.getLogger("bot.agent.apology").setLevel(logging.ERROR)
+        from bot.app import commands  # the rest of Steward, now that a command is to run
 
-    return commands.run(args)
+        code = commands.run(args)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout has stopped (`steward sessions | head -2`): end quietly, as
+    `seq` or `cat` do, with the status a shell shows for them. What is still buffered for
+    stdout goes nowhere, so that Python does not complain at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from bot.app.config_snapshot import recall
 from bot.app.errors import UsageError
-from bot.app.opened import opened_reader, opened_store
+from bot.app.opened import (
+    NoDatabase,
+    absent_database,
+    no_database_line,
+    opened_reader,
+    opened_store,
+)
 from bot.config_source import ConfigError, locate
 from bot.home import HomeError, check_home
 
@@ -191,12 +197,14 @@ async def _facts(config: Config, args) -> int:
     written from (bot/provenance.py), which the model is shown as data."""
     from bot.memory.facts import read_facts
 
-    async with opened_store(config) as store:
-        scopes = [args.scope] if args.scope else sorted(
-            {c.scope for c in await store.list_conversations(limit=100_000)})
-        rows = [{"scope": scope, "number": item.get("id"), "since": item.get("since"),
-                 "from": item.get("outside") or "you", "text": item.get("text", "")}
-                for scope in scopes for item in await read_facts(store, scope)]
+    rows = []
+    if absent_database(config) is None:
+        async with opened_store(config) as store:
+            scopes = [args.scope] if args.scope else sorted(
+                {c.scope for c in await store.list_conversations(limit=100_000)})
+            rows = [{"scope": scope, "number": item.get("id"), "since": item.get("since"),
+                     "from": item.get("outside") or "you", "text": item.get("text", "")}
+                    for scope in scopes for item in await read_facts(store, scope)]
     _emit(rows, args.json, ["scope", "number", "from", "text"], "no facts kept")
     return 0
 
@@ -509,26 +517,67 @@ READING = ("sessions", "log", "search", "tasks", "schedules", "quarantine", "usa
            "facts")
 
 
+# The sections whose secrets a command must find set before it starts: what it uses. A
+# command not named here uses none (it reads the store); `run` and `resume` serve or deliver
+# through every connector, so they need all of them (None).
+MODEL = ("llm", "embeddings")
+NEEDS: dict[str, tuple[str, ...] | None] = {
+    "run": None, "resume": None, "ask": MODEL, "chat": MODEL, "compact": MODEL,
+    "context": ("embeddings",), "search": ("embeddings",), "web": ("embeddings",),
+    "backup": ("backup",)}
+
+
+# Commands that only read the store: on a home with no database yet they create none.
+# The listings list nothing (and say why on stderr); the others have nothing to show.
+LISTINGS = ("sessions", "tasks", "schedules", "quarantine", "usage", "facts")
+READ_ONLY = (*LISTINGS, "log", "search", "doc", "context", "export")
+
+
+def _say_no_database(config, args) -> None:
+    path = absent_database(config)
+    if path is None:
+        return
+    line = no_database_line(config, path)
+    if args.command not in LISTINGS:
+        raise NoDatabase(f"{line} (the first `steward ask`, `chat`, `run` or `import` "
+                         "makes it)")
+    print(f"steward: {line}", file=sys.stderr, flush=True)
+
+
 def _config(args):
     found = locate(args.config, args.home, os.environ, Path.cwd())
-    if args.command in READING and (snapshot := recall(found, os.environ)) is not None:
+    needs = NEEDS.get(args.command, ())
+    if args.command in READING and (snapshot := recall(found, os.environ, needs)) is not None:
         return snapshot
     from bot.app.config import load_found
 
-    return load_found(found, os.environ)
+    return load_found(found, os.environ, needs=needs)
+
+
+def _read_secrets_file() -> None:
+    """The service's secrets file, read into this process's environment (which wins)."""
+    from bot.app import secrets_file
+
+    for warning in secrets_file.load(os.environ):
+        print(f"steward: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:
     """Run the parsed command; its exit code (errors printed as one line)."""
     config = None
     try:
+        _read_secrets_file()
         if args.command in SETUP:
             return SETUP[args.command](args)
         config = _config(args)
         check_home(config.home, _home_origin(args))
+        if args.command in READ_ONLY:
+            _say_no_database(config, args)
         return asyncio.run(COMMANDS[args.command](config, args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # the reader of stdout left: not an error (bot/app/cli.py)
     except Exception as exc:
         if os.environ.get("STEWARD_DEBUG"):
             raise

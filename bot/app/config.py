@@ -2,7 +2,7 @@
 assembled here, the one place that knows every connector."""
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +24,19 @@ class StewardConfig(core.Config):
 
 
 def load_config(cli_config: str | None = None, cli_home: str | None = None,
-                env: Mapping[str, str] = os.environ, cwd: Path | None = None
-                ) -> StewardConfig:
-    """Find, read, validate and check the config; raise ConfigError on any problem."""
-    return load_found(locate(cli_config, cli_home, env, cwd if cwd else Path.cwd()), env)
+                env: Mapping[str, str] = os.environ, cwd: Path | None = None, *,
+                needs: Collection[str] | None = None) -> StewardConfig:
+    """Find, read, validate and check the config; raise ConfigError on any problem.
+    `needs`: the sections whose secrets must be set (None: all; bot/config.py)."""
+    return load_found(locate(cli_config, cli_home, env, cwd if cwd else Path.cwd()), env,
+                      needs=needs)
 
 
-def load_found(found: Found, env: Mapping[str, str] = os.environ) -> StewardConfig:
+def load_found(found: Found, env: Mapping[str, str] = os.environ, *,
+               needs: Collection[str] | None = None) -> StewardConfig:
     """Validate and check the config `locate` found, and remember the result for the
     reading commands (bot/app/config_snapshot.py)."""
-    config = core.load_found(found, env, model=StewardConfig)
+    config = core.load_found(found, env, model=StewardConfig, needs=needs)
     remember(config, found)
     return config
 

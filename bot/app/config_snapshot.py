@@ -4,16 +4,17 @@
 Every full load writes what it validated to `<home>/config.validated.json`, with what the
 result depended on: the file and its bytes, the home, the code that validated it and the
 environment variables it needs. A reading command that finds all of these as they were
-uses the result as it is. Anything else (an edited file, another build, a secret no longer
-set, no snapshot) and it loads the config in full, which reports what is wrong as always.
-Secrets are never in it: the config only names their variables.
+uses the result as it is. Anything else (an edited file, another build, a secret the
+command needs no longer set, no snapshot) and it loads the config in full, which reports
+what is wrong as always. Secrets are never in it: the config only names their variables,
+by section, so that a command checks only those of the sections it uses.
 """
 
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +23,7 @@ from bot.config_source import Found, secret, store_url
 from bot.home import write_private
 
 NAME = "config.validated.json"
-_FORMAT = 1
+_FORMAT = 2  # 2: the secrets' names by section
 # Code whose change may change what a file validates to: Steward's own modules loaded by
 # then (the sections, their validators and what those import) and the validator library.
 _CODE_PACKAGES = ("bot", "connectors", "store", "pydantic", "pydantic_core")
@@ -74,12 +75,12 @@ def _inputs(found: Found) -> dict:
 def remember(config, found: Found) -> None:
     """After a full load: write the snapshot into the home, if the home exists (creating
     it is the command's business) and the snapshot changed. Never fails the command."""
-    from bot.config import secret_names
+    from bot.config import secret_sections
 
     if config.embeddings.provider == "local":
         return  # its validation looks at the installed packages, which no stamp covers
     snapshot = {**_inputs(found), "code": _code(),
-                "secrets": sorted({name for _, name in secret_names(config)}),
+                "secrets": sorted(map(list, set(secret_sections(config)))),
                 "config": config.model_dump(mode="json")}
     text = json.dumps(snapshot, sort_keys=True)
     target = found.home / NAME
@@ -91,8 +92,10 @@ def remember(config, found: Found) -> None:
         pass  # a read-only or full home: the next reading command validates in full
 
 
-def recall(found: Found, env: Mapping[str, str]) -> Snapshot | None:
-    """The config as last validated, if nothing it depended on has changed; else None."""
+def recall(found: Found, env: Mapping[str, str], needs: Collection[str] | None = None
+           ) -> Snapshot | None:
+    """The config as last validated, if nothing it depended on has changed and the secrets
+    of the sections in `needs` (None: all) are set; else None."""
     try:
         snapshot = json.loads((found.home / NAME).read_text())
     except (OSError, ValueError):
@@ -104,11 +107,24 @@ def recall(found: Found, env: Mapping[str, str]) -> Snapshot | None:
     if not isinstance(code, list) or any(not isinstance(c, list) or not c
                                          or _stamp(c[0]) != c for c in code):
         return None
-    secrets = snapshot.get("secrets")
-    if not isinstance(secrets, list) or not all(isinstance(n, str) and env.get(n)
-                                                for n in secrets):
+    if not _secrets_set(snapshot.get("secrets"), env, needs):
         return None
     sections = snapshot.get("config")
     if not isinstance(sections, dict):
         return None
     return Snapshot(sections, home=found.home, path=found.path, env=env)
+
+
+def _secrets_set(secrets, env: Mapping[str, str], needs: Collection[str] | None) -> bool:
+    """Whether every secret of the sections in `needs` among the remembered `secrets`
+    (`[section, variable]` pairs) is set in `env`."""
+    if not isinstance(secrets, list):
+        return False
+    for item in secrets:
+        if not (isinstance(item, list) and len(item) == 2
+                and all(isinstance(part, str) for part in item)):
+            return False
+        section, name = item
+        if (needs is None or section in needs) and not env.get(name):
+            return False
+    return True

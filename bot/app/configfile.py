@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bot.app.config import ConfigError, build_config, find_config_path, load_config, resolve_home
 from bot.app.config import StewardConfig as Config
+from bot.app.secrets_file import user_config_dir
 
 __all__ = ["Config", "ConfigError", "Loaded", "check_text", "default_path", "load",
            "load_lenient", "missing_secrets", "user_config_dir"]
@@ -61,13 +62,6 @@ def default_path(env: Mapping[str, str] = os.environ, cwd: Path | None = None) -
         return _absolute(Path(env["STEWARD_CONFIG"]).expanduser(), cwd)
     found = find_config_path(None, env, cwd)
     return found if found is not None else user_config_dir(env) / "config.toml"
-
-
-def user_config_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """`$XDG_CONFIG_HOME/steward`, else `~/.config/steward`."""
-    base = env.get("XDG_CONFIG_HOME")
-    root = Path(base).expanduser() if base else Path(env.get("HOME") or Path.home()) / ".config"
-    return _absolute(root, Path.cwd()) / "steward"
 
 
 def _absolute(path: Path, cwd: Path) -> Path:

@@ -65,6 +65,7 @@ async def run(args, env=os.environ) -> int:
         ctx.http = http
         rows.append(await _timed("secrets", checks.secrets, ctx, ctx.timeout))
         rows.append(await _timed("permissions", checks.permissions, ctx, ctx.timeout))
+        rows.append(await _timed("people", checks.people, ctx, ctx.timeout))
         rows.append(await _timed("service", checks.running, ctx, ctx.timeout))
         rows.append(await _timed("limits", checks.limits, ctx, ctx.timeout))
         rows.append(await _timed("backup", backup_check, ctx, ctx.timeout))

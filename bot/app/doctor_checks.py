@@ -90,8 +90,8 @@ async def secrets(ctx):
 
         names = ", ".join(dict.fromkeys(ctx.missing))
         return (FAIL, f"not set: {names}",
-                f"export {ctx.missing[0]}=... in the shell that runs steward (a service "
-                f"reads {env_file(ctx.env)})")
+                f"put {ctx.missing[0]}=... in {env_file(ctx.env)} (0600), which the service "
+                "and every steward command read, or export it in the shell")
     if not needed:
         return OK, "none needed by this config", ""
     return OK, "set: " + ", ".join(dict.fromkeys(name for _, name in needed)), ""
@@ -127,6 +127,54 @@ def _permissions(home: Path, env) -> tuple[str, str, str]:
         return FAIL, f"readable by others: {shown}{more}", fix + (
             " (any steward command tightens the home's own files)" if more else "")
     return OK, f"home {home} 0700, its files 0600", ""
+
+
+# -- who Steward answers -----------------------------------------------------------------
+
+
+async def people(ctx):
+    """The ids and addresses the config names, as `init` checks them (a config written by
+    hand may hold a name where a member id belongs), and a connector that answers nobody."""
+    if skipped := _no_config(ctx):
+        return skipped
+    from bot.app import addresses
+
+    config = ctx.config
+    listed = []  # (where, values, check)
+    if config.slack.enabled:
+        listed.append(("[slack] allowed_users", config.slack.allowed_users,
+                       addresses.member_id_problem))
+    if config.email.enabled:
+        listed += [("[email] address", [config.email.address], addresses.address_problem),
+                   ("[email] allowed_senders", config.email.allowed_senders,
+                    addresses.sender_problem)]
+    listed.append(("[agent] allowed_recipients", config.agent.allowed_recipients,
+                   addresses.sender_problem))
+    wrong = [f"{where}: {problem}" for where, values, check in listed for value in values
+             if (problem := check(value))]
+    if wrong:
+        fix = "correct them in " + (str(config.path) if config.path else "the config")
+        if any(w.startswith("[slack]") for w in wrong):
+            fix += f" (a member id: {addresses.MEMBER_ID_HOW})"
+        return FAIL, "; ".join(wrong), fix
+    said, nobody = [], []
+    for name, section, key in (("Slack", config.slack, "allowed_users"),
+                               ("mail", config.email, "allowed_senders")):
+        if not section.enabled:
+            continue
+        if section.allow_everyone:
+            said.append(f"{name} answers everyone (allow_everyone = true)")
+        elif values := getattr(section, key):
+            said.append(f"{name} answers {', '.join(values)}")
+        else:
+            table = "slack" if name == "Slack" else "email"
+            said.append(f"{name} answers nobody ([{table}] {key} is empty)")
+            nobody.append(f"[{table}] {key}")
+    if not said:
+        return OK, "no Slack or mail: the terminal only", ""
+    if nobody:
+        return WARN, "; ".join(said), f"list who Steward answers in {' and '.join(nobody)}"
+    return OK, "; ".join(said), ""
 
 
 # -- the running service -----------------------------------------------------------------

@@ -144,6 +144,26 @@ async def _keep_files(blobs: BlobStore, items: list[Item], report: ImportReport)
             report.files += 1
 
 
+async def _write(writer: BatchWriter, items: list[Item], report: ImportReport) -> None:
+    written = await writer.write(items)
+    report.added += written.added
+    report.duplicates += written.duplicates
+    for p in written.problems:
+        report.problem(p)
+
+
+async def _whole(step) -> None:
+    """Run `step` to its end even if the import is interrupted meanwhile (Ctrl-C), then
+    let the interruption go on: a batch being committed is committed and counted, so what
+    the report says was kept is what the database holds."""
+    task = asyncio.ensure_future(step)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
 def _take(records: Iterator, reader, n: int) -> tuple[list, int]:
     """The next up to `n` records and how far into the input they reach (blocking)."""
     chunk = []
@@ -157,17 +177,21 @@ def _take(records: Iterator, reader, n: int) -> tuple[list, int]:
 async def import_file(store: Store, path: Path | str, fmt: str | None = None, *,
                       owner_address: str = "", progress: Progress | None = None,
                       chunk: int = CHUNK, dry_run: bool = False,
-                      blobs: BlobStore | None = None) -> ImportReport:
+                      blobs: BlobStore | None = None,
+                      report: ImportReport | None = None) -> ImportReport:
     """Import one file into `store`; safe to repeat (what was imported is skipped). A dry
     run reads and checks the whole file and counts what would be new, writing nothing.
-    `blobs`: where the attachments' files an export names go (None: they are not read)."""
+    `blobs`: where the attachments' files an export names go (None: they are not read).
+    `report`: filled in as the batches commit, so that an interrupted import's caller
+    knows what it kept (None: a new one)."""
     path = Path(path)
     if not await asyncio.to_thread(path.exists):
         raise ImportFailed(f"{path}: no such file")
     fmt = fmt or await asyncio.to_thread(guess_format, path)
     reader = await asyncio.to_thread(make_reader, fmt, path, owner_address=owner_address)
     writer = BatchWriter(store, f"import:{fmt}", dry_run=dry_run)
-    report = ImportReport(str(path), fmt, dry_run=dry_run)
+    if report is None:
+        report = ImportReport(str(path), fmt, dry_run=dry_run)
     records = reader.read()
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -192,11 +216,7 @@ async def import_file(store: Store, path: Path | str, fmt: str | None = None, *,
             report.read += len(items)
             if blobs is not None and not dry_run:
                 await _keep_files(blobs, items, report)
-            written = await writer.write(items)
-            report.added += written.added
-            report.duplicates += written.duplicates
-            for p in written.problems:
-                report.problem(p)
+            await _whole(_write(writer, items, report))
             if progress is not None:
                 progress.update(read=report.read, added=report.added, bad=report.malformed,
                                 position=position, total=reader.total)
@@ -246,21 +266,35 @@ def malformed_line(report: ImportReport) -> str | None:
             f"({report.added:,} new)")
 
 
+def interrupted_line(report: ImportReport) -> str:
+    """What an import stopped half-way kept: every batch commits whole, and a second run
+    skips what the first stored (each message's submission is keyed by its ref)."""
+    if report.dry_run:
+        return f"import interrupted (a dry run: nothing written) after {report.read:,} messages"
+    return (f"import interrupted: kept {report.added:,} new entries of {report.read:,} "
+            "messages read; running the same import again is safe (it adds only what is "
+            "missing)")
+
+
 async def import_command(config, args) -> int:
     """The CLI command: `args.file`, `args.format` (None: guess), `args.json`, and
     optionally `args.dry_run` (check the file, write nothing). Exit code 1 when anything
     in the file was malformed (the rest is imported all the same)."""
     path, fmt = await asyncio.to_thread(_locate, args.file, args.format)
     progress = Progress(f"importing {path.name} ({fmt})")
+    report = ImportReport(str(path), fmt, dry_run=bool(getattr(args, "dry_run", False)))
     try:
         store = await open_store(config.store_url, snapshot_dir=snapshot_dir(config))
         try:
-            report = await import_file(store, path, fmt, owner_address=config.email.address,
-                                       progress=progress,
-                                       dry_run=bool(getattr(args, "dry_run", False)),
-                                       blobs=BlobStore.of_home(config.home))
+            await import_file(store, path, fmt, owner_address=config.email.address,
+                              progress=progress, dry_run=report.dry_run,
+                              blobs=BlobStore.of_home(config.home), report=report)
         finally:
             await store.close()
+    except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C
+        progress.close()
+        print(f"steward: {interrupted_line(report)}", file=sys.stderr, flush=True)
+        raise
     finally:
         progress.close()  # interrupted or failed: the bar must not stay on the screen
     if args.json:

@@ -1,7 +1,8 @@
 """`steward init`: write config.toml, asking on a terminal or taking flags with `--yes`.
 
-The file names environment variables and never holds a secret: tokens and passwords are
-set in the environment (or in the service's environment file, `steward service install`).
+The file names environment variables and never holds a secret: tokens and passwords go in
+the secrets file (`~/.config/steward/env`, made here 0600 with their names; the service and
+every command read it: bot/app/secrets_file.py) or the environment, which wins.
 What is already on the machine is offered first: an API key in the environment, a local
 Ollama. The text is checked by the config loader before it is written, so what `init`
 writes is what `steward run` accepts.
@@ -13,9 +14,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.app import configfile, presets, slack_manifest
+from bot.app import addresses, configfile, presets, secrets_file, slack_manifest
 from bot.app.errors import UsageError
 from bot.app.toml_text import Table, render
+from bot.config_source import CONFIG_NAME
 from bot.home import write_private
 
 
@@ -30,7 +32,20 @@ class Prompter:
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
-    def ask(self, question: str, default: str = "") -> str:
+    def ask(self, question: str, default: str = "",
+            check: Callable[[str], str | None] | None = None) -> str:
+        """The answer; `check` says what is wrong with one (None: nothing), and the
+        question is asked again with that line."""
+        while True:
+            answer = self._answer(question, default)
+            problem = check(answer) if check is not None and answer else None
+            if problem is None:
+                return answer
+            if not self.interactive:  # a default that is wrong: no one to ask again
+                raise UsageError(f"{question}: {problem}")
+            self.say(f"  {problem}")
+
+    def _answer(self, question: str, default: str) -> str:
         if not self.interactive:
             return default
         shown = f" [{default}]" if default else ""
@@ -54,9 +69,26 @@ class Prompter:
                 return answer
             self.say(f"  one of: {', '.join(choices)}")
 
-    def listed(self, question: str, default: list[str] | None) -> list[str]:
-        text = self.ask(question, ", ".join(default or []))
-        return [item.strip() for item in text.split(",") if item.strip()]
+    def listed(self, question: str, default: list[str] | None,
+               check: Callable[[str], str | None] | None = None) -> list[str]:
+        """A comma-separated answer as a list; `check` as for `ask`, for each item."""
+        def first_problem(text: str) -> str | None:
+            return next(filter(None, map(check, _items(text))), None) if check else None
+
+        return _items(self.ask(question, ", ".join(default or []), first_problem))
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _flag(value, name: str, check: Callable[[str], str | None]):
+    """A flag's value (a text or a list), refused in one line if `check` finds a
+    problem in it."""
+    for item in [value] if isinstance(value, str) else value or []:
+        if problem := check(item):
+            raise UsageError(f"{name}: {problem}")
+    return value
 
 
 def run(args, env=os.environ) -> int:
@@ -89,10 +121,21 @@ def run(args, env=os.environ) -> int:
     return 0
 
 
+def _secrets_file(names: list[str], env) -> str:
+    """Where the secrets go: the one file the service and every command read, made here
+    (0600, the names commented out) when this config needs any and it is not there yet."""
+    file = secrets_file.path(env)
+    if names and not file.exists():
+        secrets_file.create(file, names)
+        return f"{file} (made now, 0600: fill in the values)"
+    return str(file)
+
+
 def _target(args, env) -> Path:
     if args.config:
         path = Path(args.config).expanduser()
-        return path if path.is_absolute() else Path.cwd() / path
+        path = path if path.is_absolute() else Path.cwd() / path
+        return path / CONFIG_NAME if path.is_dir() else path  # as the loader reads --config
     return configfile.default_path(env)
 
 
@@ -270,9 +313,10 @@ def _slack(args, ask: Prompter, secrets: list[str]) -> list[Table]:
         secrets.append(slack["signing_secret_env"])
         slack.comment = "Slack posts to http://http_host:http_port/slack/events (behind your " \
                         "https proxy)"
-    slack["allowed_users"] = args.slack_users if args.slack_users is not None else ask.listed(
+    users = _flag(args.slack_users, "--slack-users", addresses.member_id_problem)
+    slack["allowed_users"] = users if users is not None else ask.listed(
         "Member ids Steward answers (Slack: your profile, ..., Copy member ID), comma-separated",
-        [])
+        [], addresses.member_id_problem)
     return [slack]
 
 
@@ -285,7 +329,8 @@ def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
     if name == "off":
         return []
     preset = presets.EMAIL_PRESETS[name]
-    address = args.email_address or ask.ask("Steward's email address")
+    address = _flag(args.email_address, "--email-address", addresses.address_problem) \
+        or ask.ask("Steward's email address", check=addresses.address_problem)
     if not address:
         raise UsageError("email needs --email-address (Steward's own mailbox)")
     imap_host = args.imap_host or preset.imap[0] or ask.ask("IMAP server")
@@ -303,8 +348,10 @@ def _email(args, ask: Prompter, secrets: list[str]) -> list[Table]:
                  sent_mailbox=preset.sent_mailbox, smtp_host=smtp_host,
                  smtp_port=preset.smtp[1], smtp_security=preset.smtp[2], smtp_user=user,
                  smtp_password_env=password_env)
-    email["allowed_senders"] = args.email_senders if args.email_senders is not None \
-        else ask.listed("Who may write to Steward (addresses or @domain), comma-separated", [])
+    senders = _flag(args.email_senders, "--email-senders", addresses.sender_problem)
+    email["allowed_senders"] = senders if senders is not None else ask.listed(
+        "Who may write to Steward (addresses or @domain), comma-separated", [],
+        addresses.sender_problem)
     secrets.append(password_env)
     return [email]
 
@@ -344,7 +391,9 @@ def _report(target: Path, secrets: list[str], env, limits) -> None:
     names = list(dict.fromkeys(secrets))
     unset = [n for n in names if not env.get(n)]
     if names:
-        print("secrets it reads from the environment: " + ", ".join(
+        print("secrets it reads: " + ", ".join(
             f"{n}{' (not set now)' if n in unset else ''}" for n in names))
+        print(f"put them in {_secrets_file(names, env)}, which the service and every "
+              "steward command read (or export them in the shell)")
     print("next: `steward doctor` checks it all; `steward service install` keeps "
-          "`steward run` running (its environment file holds the secrets)")
+          "`steward run` running")

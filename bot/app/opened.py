@@ -34,7 +34,52 @@ def opened_store(config, **options):
 
 def opened_reader(config):
     """The store for a command that only reads: through the standard library when the
-    database is SQLite at this build's schema (store/reader.py), else `opened_store`."""
+    database is SQLite at this build's schema (store/reader.py), else `opened_store`; an
+    empty one, creating nothing, when the SQLite database is not there yet."""
     from store.reader import open_for_reading
 
+    if absent_database(config) is not None:
+        return _nothing()
     return _opened(config, open_for_reading)
+
+
+def absent_database(config):
+    """The SQLite file `config` names if it does not exist yet, else None (PostgreSQL:
+    always None). A command that only reads must not create it (blocking: a stat)."""
+    from store.reader import sqlite_path
+
+    path = sqlite_path(config.store_url)
+    return path if path is not None and not path.exists() else None
+
+
+class NoDatabase(ValueError):
+    """A command that reads something named found no database at all (exit 1)."""
+
+
+def no_database_line(config, path) -> str:
+    where = f"in {config.home}" if path.parent == config.home else f"at {path}"
+    return f"no database {where} yet: nothing stored so far"
+
+
+class _Empty:
+    """The listings' reads of a database that does not exist: nothing in it."""
+
+    async def list_conversations(self, **_):
+        return []
+
+    async def list_tasks(self, **_):
+        return []
+
+    async def list_schedules(self, **_):
+        return []
+
+    async def list_submissions(self, **_):
+        return []
+
+    async def spend_report(self, *_, **__):
+        return []
+
+
+@asynccontextmanager
+async def _nothing():
+    yield _Empty()

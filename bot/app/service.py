@@ -5,7 +5,8 @@ The unit restarts Steward when it fails or stops pinging systemd's watchdog (a l
 ended or hangs: `bot/app/systemd.py`), except on exit 2 (a config error: restarting
 cannot fix it; `steward doctor` says what is wrong). Secrets are not in the unit: it reads
 an environment file (`~/.config/steward/env`), created 0600 and empty but for comments
-naming the variables the config needs; filling it in is the owner's job. Home and config
+naming the variables the config needs; filling it in is the owner's job (every `steward`
+command reads it too: bot/app/secrets_file.py). Home and config
 are passed as absolute paths, so the service reads what this shell reads.
 """
 
@@ -19,18 +20,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.app import configfile
+from bot.app import configfile, secrets_file
 from bot.app.errors import UsageError
+from bot.app.secrets_file import path as env_file
+from bot.app.secrets_file import read as read_env_file
 
 UNIT = "steward.service"
 LABEL = "local.steward"  # launchd's job name
 SERVICE_COMMAND_SECONDS = 30
 WATCHDOG_SECONDS = 60  # the claim loop turns at least twice a second, outages included
 START_SECONDS = 900
-
-
-def env_file(env=os.environ) -> Path:
-    return configfile.user_config_dir(env) / "env"
 
 
 def unit_path(env=os.environ) -> Path:
@@ -48,23 +47,6 @@ def executable() -> list[str]:
     python = Path(os.path.abspath(sys.executable))
     script = python.with_name("steward")
     return [str(script)] if script.is_file() else [str(python), "-m", "bot"]
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (systemd's EnvironmentFile format; # comments, optional quotes)."""
-    values = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return {}
-    for line in lines:
-        line = line.strip()
-        if line.startswith("export "):
-            line = line[len("export "):]
-        key, sep, value = line.partition("=")
-        if sep and key and not key.startswith("#"):
-            values[key.strip()] = value.strip().strip("'\"")
-    return values
 
 
 # -- what is written ---------------------------------------------------------------------
@@ -131,13 +113,6 @@ def launchd_plist(command: list[str], *, home: Path, secrets: Path) -> bytes:
     })
 
 
-def _secrets_template(needed: list[str]) -> str:
-    lines = ["# Secrets for `steward run` as a service: KEY=value, one a line, no quotes.",
-             "# This file is private (0600); Steward never writes a value into it."]
-    lines += [f"#{name}=" for name in dict.fromkeys(needed)] or ["# (this config needs none)"]
-    return "\n".join(lines) + "\n"
-
-
 # -- the command -------------------------------------------------------------------------
 
 
@@ -170,7 +145,8 @@ def run(args, env=os.environ) -> int:
     from bot.home import make_private
 
     make_private(config.home)  # the service starts in it
-    _write_secrets_file(secrets, [name for _, name in needed_secrets(config, env)])
+    if said := secrets_file.create(secrets, [name for _, name in needed_secrets(config, env)]):
+        print(said)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     print(f"wrote {path}")
@@ -184,20 +160,6 @@ def run(args, env=os.environ) -> int:
         print("to keep it running while you are logged out: loginctl enable-linger "
               f"{env.get('USER') or getpass.getuser()}")
     return 0
-
-
-def _write_secrets_file(path: Path, needed: list[str]) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = path.stat().st_mode
-        if mode & 0o077:  # it holds secrets: others must not read it
-            os.chmod(path, mode & 0o700)
-            print(f"made {path} private (it was readable by others)")
-        return
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(_secrets_template(needed))
 
 
 def _start_commands(path: Path, darwin: bool) -> str:

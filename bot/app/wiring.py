@@ -26,6 +26,7 @@ from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
 from bot.app.opened import opened_store
 from bot.app.systemd import Notifier
+from bot.config import unset_secrets
 from bot.llm.factory import make_client
 from bot.memory import embeddings as _embeddings
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding
@@ -66,10 +67,15 @@ CONNECTORS = {"slack": "connectors.slack.connector:SlackConnector",
 
 
 def build_connectors(config: Config, deps: AgentDeps) -> list:
-    """The enabled connectors, each registered as its deliveries' channel."""
+    """The enabled connectors, each registered as its deliveries' channel. One whose
+    secrets are not set is left out: only a command that does not serve it (`ask`, `chat`)
+    starts without them (bot/app/commands.py NEEDS); its deliveries wait for `run`."""
     built = []
     for section, target in CONNECTORS.items():
         if not getattr(config, section).enabled:
+            continue
+        if unset := unset_secrets(config, (section,)):
+            log.info("%s left out of this process: %s", section, unset[0][1])
             continue
         module, _, name = target.partition(":")
         connector = getattr(importlib.import_module(module), name)(config, AgentPort(deps))
