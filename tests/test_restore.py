@@ -18,10 +18,12 @@ import asyncio
 import json
 import random
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import PG_URL
 from tests.fakes.chaos_sender import SlackSender
 from tests.fakes.chaos_servers import ChaosSink, ChaosSlack
 from tests.fakes.chaos_steward import Killer, Steward
@@ -71,13 +73,33 @@ async def answered(msgs, slack, sink, *, within: float = 90.0) -> None:
         m.describe() for m in msgs if m.due == "answer"))
 
 
-# Out of the default run until its last race is found: about 1 run in 10 a DM thread reply
-# the old home answered together with a follow-up is answered again, alone, by the
-# restored one (`bash scripts/test -m slow -k restore`; STEWARD_CHAOS_SEED=950639 hit it).
-@pytest.mark.slow
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
-async def test_a_restored_home_answers_everything_once(store_url, tmp_path, account):
+@pytest.fixture
+async def target_database():
+    """An empty PostgreSQL database for a restore (`--store-url`), dropped afterwards."""
+    import asyncpg
+
+    name = f"steward_restored_{uuid.uuid4().hex[:10]}"
+    admin = PG_URL.replace("+asyncpg", "")
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield f"{admin.rsplit('/', 1)[0]}/{name}"
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+# Seeds that once found a race here: 950639 (a thread reply shown unanswered after the
+# restore: the predecessor's answer came after the next reply), 346007 (history of an
+# answered message put behind a waiting one).
+async def test_a_restored_home_answers_everything_once(store_url, tmp_path, account,
+                                                       target_database):
     seed = chaos_seed()
+    postgres = not store_url.startswith("sqlite")
     home, fresh, backups = tmp_path / "home", tmp_path / "restored", tmp_path / "backups"
     msgs = plan(random.Random(f"{seed}:plan"), 30, gap=0.3)
     print(f"restore: seed {seed}, logs in {home} and {fresh}")
@@ -86,7 +108,8 @@ async def test_a_restored_home_answers_everything_once(store_url, tmp_path, acco
             slack.add_user(user, name)
         sink = await ChaosSink().start()
         port = free_port()
-        write_config(home, f"sqlite+aiosqlite:///{home / 'steward.db'}", llm, slack, port,
+        write_config(home, store_url if postgres else
+                     f"sqlite+aiosqlite:///{home / 'steward.db'}", llm, slack, port,
                      account, sink)
         config = home / "config.toml"  # the fake's clock runs a day behind: reach it
         config.write_text(config.read_text().replace("[slack]\n", "[slack]\ncatchup_hours = 72\n"))
@@ -134,7 +157,9 @@ async def test_a_restored_home_answers_everything_once(store_url, tmp_path, acco
                 m.ts = stored["ts"]
                 m.sent_at = asyncio.get_running_loop().time()
 
-            code, out = await steward_cli(env, "restore", str(backup), "--home", str(fresh))
+            code, out = await steward_cli(env, "restore", str(backup), "--home", str(fresh),
+                                          *(["--store-url", target_database] if postgres
+                                            else []))
             assert code == 0, out
             assert json.loads((fresh / "restored.json").read_text())["backup"] == backup.name
             restored = Steward(fresh, environment(fresh, account), port)
