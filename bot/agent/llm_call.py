@@ -2,7 +2,9 @@
 
 Policy `safe`: a call cut off by a crash is sent again with the same request. A provider
 still down or overloaded after its retries hands the request to the next of `[llm]
-fallbacks` (with that one's model); the ledger records who answered. While it
+fallbacks` (with that one's model); the ledger records who answered. A server that is
+restarting is waited for (`[llm] wait_for_server_seconds`, `bot.llm.retry`) while the call
+stays a running task. While it
 streams, the text so far is committed at most every `PARTIAL_EVERY` seconds, so a restart
 loses at most that much; the partial of a dead attempt becomes an `aborted` entry, kept
 for the record but never shown to the model.
@@ -127,7 +129,8 @@ class LLMCall(Effect):
                 response = await stream_with_retries(
                     client, sent, on_text, on_attempt=on_attempt, on_retry=on_retry,
                     max_attempts=runtime.max_attempts, base_delay=runtime.retry_base_seconds,
-                    max_delay=min(60.0, runtime.retry_max_seconds))
+                    max_delay=min(60.0, runtime.retry_max_seconds),
+                    wait_for_server=priced.wait_for_server_seconds)
                 break
             except TransientError as exc:  # still down or overloaded after its retries
                 if n + 1 == len(chain):

@@ -19,6 +19,7 @@ import time
 from bot.agent import budget
 from bot.agent.apology import apology
 from bot.agent.approval import KIND as APPROVAL
+from bot.agent.call_check import check_calls
 from bot.agent.compact import KIND as COMPACT
 from bot.agent.context import assemble
 from bot.agent.deps import AgentDeps
@@ -36,6 +37,10 @@ from store import DONE
 # it (race-free, see store/commit.py). Longer than `steward resume` waits for work due soon,
 # so a queue behind a turn riding out an outage does not keep `resume` from exiting.
 WAIT_FOR_OLDER_TURN = 600.0
+# After a reply the model stopped at its length limit (the output cap, or a server whose
+# context filled): it is not the whole answer, and the person must not take it for one.
+CUT_OFF = ("[…the answer was cut off here: the model stopped at its length limit. Ask me "
+           "to go on, or for a shorter answer.]")
 
 class Turn(TaskDef):
     kind = TURN
@@ -148,9 +153,20 @@ class Turn(TaskDef):
             return self._answer(ctx, apology(result, error, state, failure=failure),
                                 error=True)
         response = Response.model_validate(result["response"])
+        if response.notes:  # told with the answer, once each
+            cp = ctx.checkpoint = {**cp, "notes": [
+                *cp.get("notes", []), *(n for n in response.notes
+                                        if n not in cp.get("notes", []))]}
         if not response.tool_calls:
-            return self._answer(ctx, response.text)
-        calls = [c.model_dump(mode="json") for c in response.tool_calls]
+            text = response.text
+            if response.stop_reason == "length":  # never shown as if it were complete
+                text = f"{text.rstrip()}\n\n{CUT_OFF}" if text.strip() else CUT_OFF
+            return self._answer(ctx, text)
+        # Checked before anything runs (bot/agent/call_check.py): a call that may not run
+        # is answered with its error, and stored in a form any server reads back.
+        checked = check_calls(response, self.deps.toolbox,
+                              most=self.deps.config.agent.max_tool_calls)
+        calls = [c.call.model_dump(mode="json") for c in checked]
         mark = marked(cp.get("read_outside"))
         ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
                           data={"tool_calls": calls, "answers_upto": cp["upto"], **mark})
@@ -160,8 +176,12 @@ class Turn(TaskDef):
         # yes first waits for it as an approval (which then spawns it, with the same key).
         asking = await self._asking(ctx)
         mark = marked(asking.read_outside)  # what they store
-        tool_tasks = []
-        for n, c in enumerate(response.tool_calls):
+        tool_tasks: list = []
+        for n, verdict in enumerate(checked):
+            if verdict.problem is not None:  # nothing runs: its result is the error
+                tool_tasks.append({"call": calls[n], "error": verdict.problem})
+                continue
+            c = verdict.call
             key = f"{ctx.task.id}.{cp['round']}.{n}"
             summary = await self._approval(c, asking)
             if summary is None:
@@ -174,7 +194,11 @@ class Turn(TaskDef):
                 "reply_to": ctx.inputs.get("reply_to", {}), "who": asking.who,
                 "expires_at": time.time() + 60 * self.deps.config.agent.approval_expiry_minutes,
                 **mark}))
-        return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
+        cp = {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1}
+        if all(isinstance(t, dict) for t in tool_tasks):  # none runs: nothing to wait for
+            ctx.checkpoint = cp
+            return await self._phase_after_tools(ctx)
+        return Wait("after_tools", cp)
 
     async def _asking(self, ctx: TaskContext) -> Asking:
         conv_id = ctx.task.conversation_id
@@ -212,6 +236,13 @@ class Turn(TaskDef):
         cp = {k: v for k, v in ctx.checkpoint.items() if k != "tool_tasks"}
         turn_mark = cp.get("read_outside")  # what this turn's own calls were made from
         for task_id in ctx.checkpoint["tool_tasks"]:
+            if isinstance(task_id, dict):  # a call that was not run (call_check)
+                call = ToolCall.model_validate(task_id["call"])
+                ctx.writes.append(ctx.task.conversation_id, "tool_result", task_id["error"],
+                                  data={"tool_call_id": call.id, "name": call.name,
+                                        "is_error": True, **marked(turn_mark)},
+                                  task_id=ctx.task.id)
+                continue
             task = await self.store.get_task(task_id)
             call = ToolCall.model_validate(task.inputs["call"])
             content, is_error = tool_outcome(task)
@@ -250,6 +281,8 @@ class Turn(TaskDef):
         turn, so even a repeated phase cannot make a second one)."""
         cp = ctx.checkpoint
         conv_id = ctx.task.conversation_id
+        for said in cp.get("notes", []):  # what the person sent that the model did not see
+            text = f"{text}\n\n{said}"
         if cp.get("note"):  # near a spending cap: said once, with this answer
             text = f"{text}\n\n{cp['note']}"
         mark = marked(cp.get("read_outside"))
