@@ -11,8 +11,8 @@ What it checks, and answers as llama.cpp does (the bodies are llama.cpp's own):
 * the tool calls in the history: arguments that do not parse as a JSON object get a 500
   "Failed to parse input at pos N: ...";
 * images, unless `vision`: a 500 naming the missing multimodal projector;
-* a server that is loading its model (`restart(down, loading)`): connections refused
-  while it is down, then 503 "Loading model" until it has loaded.
+* a server that is restarting: connections refused after `stop()`, then, after
+  `back(loading)`, 503 "Loading model" for its first `loading` requests.
 
 What the model says comes from `outputs` (a list used in order, the last one repeated, or a
 function of the request body): `Output(text, calls, finish)`; a call's arguments are text,
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,7 +61,7 @@ class LocalLLMServer:
         self.vision = vision
         self.requests: list[dict] = []
         self.statuses: list[int] = []
-        self.loading_until = 0.0
+        self.loading_left = 0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -88,19 +87,11 @@ class LocalLLMServer:
             self._thread.join(timeout=5)
             self._server = None
 
-    def restart(self, down: float, loading: float) -> threading.Thread:
-        """Stop now; listen again after `down` seconds, answering 503 "Loading model" for
-        `loading` seconds more (as llama-server does while it loads the weights)."""
-        self.stop()
-
-        def later() -> None:
-            time.sleep(down)
-            self.loading_until = time.monotonic() + loading
-            self.start()
-
-        thread = threading.Thread(target=later, daemon=True)
-        thread.start()
-        return thread
+    def back(self, loading: int) -> None:
+        """Listen again after a `stop()`, answering the first `loading` requests with 503
+        "Loading model" (as llama-server does while it loads the weights)."""
+        self.loading_left = loading
+        self.start()
 
     def __enter__(self) -> LocalLLMServer:
         return self.start()
@@ -110,8 +101,10 @@ class LocalLLMServer:
 
     def answer(self, body: dict) -> tuple[int, Any]:
         """(status, error body) for a request this server refuses, or (200, Output)."""
-        if time.monotonic() < self.loading_until:
-            return 503, LOADING
+        with self._lock:
+            if self.loading_left > 0:
+                self.loading_left -= 1
+                return 503, LOADING
         messages = body.get("messages") or []
         for m in messages:
             for call in m.get("tool_calls") or []:
