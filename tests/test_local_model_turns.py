@@ -181,3 +181,25 @@ async def until(count, task, at_least: int = 3, seconds: float = 30.0) -> int:
         assert asyncio.get_running_loop().time() < deadline, n
         await asyncio.sleep(0.05)
     return n
+
+
+async def test_a_process_that_ends_while_waiting_is_followed_by_one_that_waits_on(local):
+    with LocalLLMServer([Output("Hello.")]) as server:
+        rig = local(server, llm={"wait_for_server_seconds": 120})
+        assert await ask(rig, "hi") == "Hello."
+        server.stop()
+        turn = await rig.say("still there?")
+        first = asyncio.create_task(rig.run())
+        refused = await until(lambda: failed_attempts(rig, "ConnectError"), first)
+        await rig.runner.drain(0)  # the process ends mid-wait: its call is cut off
+        await first
+        # A new process: a new client that has never reached the server, and a runner
+        # that takes the call over. It does not give up after two quick tries.
+        again = local(server, llm={"wait_for_server_seconds": 120})
+        await again.runner.recover(steal_all=True)  # as `steward run` starts
+        second = asyncio.create_task(again.run())
+        await until(lambda: failed_attempts(rig, "ConnectError"), second,
+                    at_least=refused + 3)
+        server.back(loading=0)
+        await second
+        assert (await rig.store.get_task(turn)).result["text"] == "Hello."

@@ -18,7 +18,7 @@ from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
 from bot.llm.errors import LLMError, TransientError
-from bot.llm.retry import stream_with_retries
+from bot.llm.retry import restarting, stream_with_retries
 from bot.llm.types import Response
 from bot.redact import redact
 from bot.runtime import Effect, Policy, TaskContext
@@ -26,6 +26,7 @@ from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes, is_unavailable
 
 PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
+WAITING_SINCE = "server_wait_since"  # checkpoint: when the server was found restarting
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class LLMCall(Effect):
             self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
                                                               "turn": ctx.task.parent_id}))
 
+        # When an earlier process was waiting for a restarting server (`bot.llm.retry`):
+        # this one goes on waiting, for what is left of the time, however it finds it.
+        waiting_since = checkpoint.get(WAITING_SINCE)
         request = self.deps.pinned.take(ctx.task.id, ctx.inputs)
         quiet = ctx.inputs.get("quiet", False)
         streamed = ""
@@ -91,6 +95,8 @@ class LLMCall(Effect):
         async def on_retry(attempt: int, error: Exception, delay: float) -> None:
             nonlocal streamed
             streamed = ""
+            if WAITING_SINCE not in checkpoint and restarting(client, error):
+                checkpoint[WAITING_SINCE] = time.time()
             await ctx.save_checkpoint({**checkpoint, "partial": ""})
             self.deps.events.publish(Event(conv_id, "retry", {
                 "task": ctx.task.id, "turn": ctx.task.parent_id, "error": redact(str(error))}))
@@ -130,7 +136,8 @@ class LLMCall(Effect):
                     client, sent, on_text, on_attempt=on_attempt, on_retry=on_retry,
                     max_attempts=runtime.max_attempts, base_delay=runtime.retry_base_seconds,
                     max_delay=min(60.0, runtime.retry_max_seconds),
-                    wait_for_server=priced.wait_for_server_seconds)
+                    wait_for_server=_left(priced.wait_for_server_seconds, waiting_since),
+                    seen=waiting_since is not None)
                 break
             except TransientError as exc:  # still down or overloaded after its retries
                 if n + 1 == len(chain):
@@ -145,6 +152,12 @@ class LLMCall(Effect):
                 return _failed(exc)
         return {"response": response.model_dump(mode="json"),
                 "request_chars": request_chars(request)}
+
+
+def _left(limit: float, since: float | None) -> float:
+    """Seconds of the wait for a restarting server not spent yet (by wall clock: an
+    earlier process may have spent some)."""
+    return limit if since is None else max(0.0, limit - (time.time() - since))
 
 
 def _failed(exc: LLMError) -> dict:

@@ -13,7 +13,7 @@ of silence. Whoever calls decides what to do next (the turn tells the person).
 A server that is restarting is waited for, up to `wait_for_server` seconds from its first
 failure: one still loading its model (`Loading`: llama.cpp's and Ollama's 503 "Loading
 model"), and one that refuses connections after it has answered in this process (the
-client's `reached`): a local model takes 10-60 s to load after a restart. The waits grow
+client's `reached`, or `seen`): a local model takes 10-60 s to load after a restart. The waits grow
 from `base_delay` to `SERVER_POLL_CAP` seconds, so the answer comes soon after the server
 is back; they do not count against `max_attempts`. The call stays a running task all the
 while: a process killed meanwhile sends it again when it starts.
@@ -70,6 +70,7 @@ async def stream_with_retries(
     max_delay: float = 60.0,
     unreachable_attempts: int = UNREACHABLE_ATTEMPTS,
     wait_for_server: float = 0.0,
+    seen: bool = False,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
     clock: Callable[[], float] = time.monotonic,
@@ -89,7 +90,7 @@ async def stream_with_retries(
         except Exception as error:
             if on_attempt is not None:
                 await on_attempt(None, error)
-            if wait_for_server > 0 and restarting(client, error):
+            if wait_for_server > 0 and restarting(client, error, seen=seen):
                 restarting_since = clock() if restarting_since is None else restarting_since
                 left = wait_for_server - (clock() - restarting_since)
                 if left <= 0:
@@ -119,7 +120,8 @@ async def stream_with_retries(
         return response
 
 
-def restarting(client: LLMClient, error: Exception) -> bool:
-    """Whether `error` says the server is restarting (see the module doc)."""
+def restarting(client: LLMClient, error: Exception, *, seen: bool = False) -> bool:
+    """Whether `error` says the server is restarting (see the module doc); `seen`: it
+    answered before, in an earlier process (the call was waiting for it when that ended)."""
     return isinstance(error, Loading) or (
-        isinstance(error, Unreachable) and bool(getattr(client, "reached", False)))
+        isinstance(error, Unreachable) and (seen or bool(getattr(client, "reached", False))))
