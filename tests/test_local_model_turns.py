@@ -203,3 +203,19 @@ async def test_a_process_that_ends_while_waiting_is_followed_by_one_that_waits_o
         server.back(loading=0)
         await second
         assert (await rig.store.get_task(turn)).result["text"] == "Hello."
+
+
+async def test_a_request_the_server_never_takes_is_told_and_the_next_one_works(local):
+    with LocalLLMServer([Output("Hello.")]) as server:
+        rig = local(server)
+        answer = server.answer
+        server.answer = lambda body: (500, {"error": {
+            "code": 500, "type": "server_error",
+            "message": "Failed to parse input at pos 0: <start_of_turn>"}})
+        told = await ask(rig, "hi")
+        server.answer = answer
+        assert await ask(rig, "hi again") == "Hello."
+    assert told.startswith("Sorry, I could not get an answer from the model: the model "
+                           "server could not take what I sent")
+    assert "having trouble" not in told  # not an outage
+    assert server.statuses == [500, 500, 500, 200]  # as sent, plain, without tools; once

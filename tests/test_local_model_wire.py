@@ -137,3 +137,65 @@ async def test_a_rejection_nothing_can_repair_is_raised_not_retried(http):
     # as sent, then plain, then plain without tools: three requests, no outage retries
     assert len(server.statuses) == 3
     assert "tools" not in server.requests[-1]
+
+
+class Restarting:
+    """A client whose server is restarting: `fails` errors in turn, then an answer."""
+
+    provider, model = "openai", "gemma3"
+
+    def __init__(self, *fails, reached: bool = True):
+        self.fails = list(fails)
+        self.reached = reached
+        self.calls = 0
+
+    async def stream(self, request, on_text=None):
+        from bot.llm.types import Response
+        self.calls += 1
+        if self.fails:
+            raise self.fails.pop(0)
+        return Response(text="back")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+def loading() -> Loading:
+    return classified(503, LOADING)
+
+
+async def test_a_loading_server_is_waited_for_beyond_max_attempts():
+    from bot.llm.errors import Unreachable
+    clock = Clock()
+    client = Restarting(Unreachable("refused"), *[loading() for _ in range(20)])
+    response = await stream_with_retries(client, request(conversation()), max_attempts=5,
+                                         base_delay=1.0, wait_for_server=300, clock=clock,
+                                         sleep=clock.sleep)
+    assert response.text == "back" and client.calls == 22
+    assert max(clock.waits) <= 5.0  # polled often enough to answer soon after it is back
+
+
+async def test_a_server_that_stays_down_is_given_up_on_after_the_wait():
+    from bot.llm.errors import Unreachable
+    clock = Clock()
+    client = Restarting(*[Unreachable("refused") for _ in range(1000)])
+    with pytest.raises(Unreachable):
+        await stream_with_retries(client, request(conversation()), base_delay=1.0,
+                                  wait_for_server=120, clock=clock, sleep=clock.sleep)
+    assert 120 <= clock.now < 126 and clock.now == pytest.approx(sum(clock.waits))
+    # never reached in this process (down at start): two quick tries, as before
+    fresh = Restarting(*[Unreachable("refused") for _ in range(10)], reached=False)
+    with pytest.raises(Unreachable):
+        await stream_with_retries(fresh, request(conversation()), base_delay=1.0,
+                                  wait_for_server=120, clock=clock, sleep=clock.sleep)
+    assert fresh.calls == 2
