@@ -4,8 +4,10 @@
                  (a turn whose message was deleted before this phase ran is withdrawn
                  instead: done without running, see `inbox.withdraw_message`)
     llm          assemble the context, spawn an llm_call, wait for it
-    after_llm    record the reply; spawn one tool_call per call (they run in parallel) and
-                 wait, or spawn the delivery of the final answer and wait
+    after_llm    record the reply; check its tool calls (`call_check`: one that may not
+                 run is answered with its error), spawn one tool_call per call that may
+                 (they run in parallel) and wait, or spawn the delivery of the final answer
+                 (said to be cut off if the model stopped at its length limit) and wait
     after_tools  record the tool results in call order and go on as `llm` does, in the
                  same commit
     delivered    done
