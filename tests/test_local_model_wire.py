@@ -37,6 +37,12 @@ def test_what_names_the_request_is_no_outage():
     assert [(type(e), e.cause) for e in (roles, parse, image)] == [
         (Rejected, "roles"), (Rejected, "tool_call"), (Rejected, "image")]
     assert all(isinstance(e, RequestError) for e in (roles, parse, image))  # not retried
+    # the same, in the words of a newer llama.cpp (common/chat.cpp)
+    args = classified(400, {"error": {"code": 400, "type": "invalid_request_error",
+                                      "message": "Failed to parse tool call arguments as "
+                                                 "JSON: [json.exception.parse_error.101] "
+                                                 "parse error at line 1, column 13"}})
+    assert (type(args), args.cause) == (Rejected, "tool_call")
     assert isinstance(classified(503, LOADING), Loading)
     # a 500 that names nothing is still an outage
     plain = classified(500, {"error": {"code": 500, "message": "CUDA error",
