@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from bot.agent.turn import CUT_OFF
+from bot.agent.turn import CUT_OFF, WITHOUT_TOOLS
 from bot.llm.openai import OpenAIClient
 from bot.llm.repair import IMAGE_NOTE
 from bot.memory.facts import FACT_TOOLS
@@ -219,3 +219,24 @@ async def test_a_request_the_server_never_takes_is_told_and_the_next_one_works(l
                            "server could not take what I sent")
     assert "having trouble" not in told  # not an outage
     assert server.statuses == [500, 500, 500, 200]  # as sent, plain, without tools; once
+
+
+def overflowing_with_tools(answer):
+    """A 2,048-token llama-server: the tools' schemas alone take most of it (as measured
+    with a Qwen2.5 template: 2,121 tokens asked of 2,048 at the second message)."""
+    def server(body):
+        if body.get("tools"):
+            return 400, {"error": {"code": 400, "type": "exceed_context_size_error",
+                                   "message": "request (2121 tokens) exceeds the available "
+                                              "context size (2048 tokens), try increasing it"}}
+        return answer(body)
+    return server
+
+
+async def test_tools_that_do_not_fit_the_server_are_left_out_and_said(local):
+    with LocalLLMServer([Output("Hello.")]) as server:
+        rig = local(server)
+        server.answer = overflowing_with_tools(server.answer)
+        first = await ask(rig, "hi")
+        assert await ask(rig, "and again") == first
+    assert first == f"Hello.\n\n{WITHOUT_TOOLS}"

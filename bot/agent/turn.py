@@ -43,6 +43,12 @@ WAIT_FOR_OLDER_TURN = 600.0
 # context filled): it is not the whole answer, and the person must not take it for one.
 CUT_OFF = ("[…the answer was cut off here: the model stopped at its length limit. Ask me "
            "to go on, or for a shorter answer.]")
+# Said with an answer the model wrote without its tools, because with them the request did
+# not fit the server's context window.
+WITHOUT_TOOLS = ("(This conversation is too long for the model's context window with my "
+                 "tools, so this answer was written without them: nothing was remembered, "
+                 "scheduled or looked up for it.)")
+
 
 class Turn(TaskDef):
     kind = TURN
@@ -87,7 +93,8 @@ class Turn(TaskDef):
         cp = ctx.checkpoint
         deps, conv_id = self.deps, ctx.task.conversation_id
         config = deps.config
-        tools = deps.toolbox.specs() if cp["round"] < config.agent.max_tool_rounds else []
+        tools = deps.toolbox.specs() \
+            if cp["round"] < config.agent.max_tool_rounds and not cp.get("without_tools") else []
         # The asker's zone (their Slack profile's), else the configured one: recall reads a
         # time phrase ("last spring") and dates its hits there.
         assembled = await assemble(self.store, config, conv_id, tools=tools,
@@ -150,6 +157,12 @@ class Turn(TaskDef):
             # The provider says it does not fit after all: compact, then try once more.
             ctx.spawn(COMPACT, {"reason": "context overflow"})
             return Wait("llm", {**cp, "overflow_retried": True, "compacted": True})
+        if result.get("error_type") == "ContextOverflow" and not cp.get("without_tools") \
+                and self.deps.toolbox.specs():
+            # Still too big: on a small local server the tools' schemas alone can take most
+            # of the window. Once more without them, rather than no answer at all.
+            ctx.checkpoint = {**cp, "without_tools": True}
+            return await self._phase_llm(ctx)
         if state != DONE or "error" in result:
             failure = (await self.store.get_task(cp["llm_task"])).failure
             return self._answer(ctx, apology(result, error, state, failure=failure),
@@ -285,6 +298,8 @@ class Turn(TaskDef):
         conv_id = ctx.task.conversation_id
         for said in cp.get("notes", []):  # what the person sent that the model did not see
             text = f"{text}\n\n{said}"
+        if cp.get("without_tools") and not error:
+            text = f"{text}\n\n{WITHOUT_TOOLS}"
         if cp.get("note"):  # near a spending cap: said once, with this answer
             text = f"{text}\n\n{cp['note']}"
         mark = marked(cp.get("read_outside"))
