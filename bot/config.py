@@ -144,6 +144,9 @@ class LLMConfig(Section):
         return ["api_key_env"] if self.api_key_env else []
     # A cheaper model of the same provider for summaries (compaction); empty: `model`.
     summary_model: str = ""
+    # How long a model server that is restarting (refusing connections after it answered,
+    # or answering 503 "Loading model") is waited for before the person hears it is down.
+    wait_for_server_seconds: float = Field(300.0, ge=0)
 
     # What the model's server said about it (bot/agent/capacity.py): not part of the file.
     _learned_window: int | None = PrivateAttr(default=None)
@@ -229,6 +232,7 @@ class AgentConfig(Section):
     system_prompt: str = ""  # appended to the built-in prompt
     tool_modules: list[str] = Field(default_factory=list)  # importable modules of extra tools
     max_tool_rounds: int = Field(16, ge=1)  # LLM calls per turn before it must answer
+    max_tool_calls: int = Field(8, ge=1)  # calls in one reply; more, and none of them runs
     # Addresses (or "@domain") Steward may send to besides the person asking and
     # [email] allowed_senders (bot/tools/permissions.py).
     allowed_recipients: list[str] = Field(default_factory=list)

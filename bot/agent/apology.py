@@ -17,6 +17,9 @@ _BY_TYPE = {
     "Unreachable": "the model provider could not be reached",
     "AuthError": "the model provider refused my credentials (check the API key",
     "RequestError": "the model provider refused the request",
+    "Rejected": "the model server could not take what I sent, even after I changed what "
+                "it named (the log says what)",
+    "Loading": "the model server was still loading its model when I gave up waiting",
     "ContextOverflow": "the conversation no longer fits the model's context window",
 }
 

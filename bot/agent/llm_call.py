@@ -2,7 +2,9 @@
 
 Policy `safe`: a call cut off by a crash is sent again with the same request. A provider
 still down or overloaded after its retries hands the request to the next of `[llm]
-fallbacks` (with that one's model); the ledger records who answered. While it
+fallbacks` (with that one's model); the ledger records who answered. A server that is
+restarting is waited for (`[llm] wait_for_server_seconds`, `bot.llm.retry`) while the call
+stays a running task. While it
 streams, the text so far is committed at most every `PARTIAL_EVERY` seconds, so a restart
 loses at most that much; the partial of a dead attempt becomes an `aborted` entry, kept
 for the record but never shown to the model.
@@ -17,7 +19,7 @@ from bot.agent.context import request_chars
 from bot.agent.deps import AgentDeps
 from bot.agent.events import Event
 from bot.llm.errors import ContextOverflow, LLMError, TransientError
-from bot.llm.retry import stream_with_retries
+from bot.llm.retry import restarting, stream_with_retries
 from bot.llm.types import Response
 from bot.redact import redact
 from bot.runtime import Effect, Policy, TaskContext
@@ -25,6 +27,7 @@ from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes, is_unavailable
 
 PARTIAL_EVERY = 0.1  # seconds between commits of streamed text
+WAITING_SINCE = "server_wait_since"  # checkpoint: when the server was found restarting
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,9 @@ class LLMCall(Effect):
             self.deps.events.publish(Event(conv_id, "retry", {"task": ctx.task.id,
                                                               "turn": ctx.task.parent_id}))
 
+        # When an earlier process was waiting for a restarting server (`bot.llm.retry`):
+        # this one goes on waiting, for what is left of the time, however it finds it.
+        waiting_since = checkpoint.get(WAITING_SINCE)
         request = self.deps.pinned.take(ctx.task.id, ctx.inputs)
         quiet = ctx.inputs.get("quiet", False)
         streamed = ""
@@ -90,6 +96,8 @@ class LLMCall(Effect):
         async def on_retry(attempt: int, error: Exception, delay: float) -> None:
             nonlocal streamed
             streamed = ""
+            if WAITING_SINCE not in checkpoint and restarting(client, error):
+                checkpoint[WAITING_SINCE] = time.time()
             await ctx.save_checkpoint({**checkpoint, "partial": ""})
             self.deps.events.publish(Event(conv_id, "retry", {
                 "task": ctx.task.id, "turn": ctx.task.parent_id, "error": redact(str(error))}))
@@ -128,7 +136,9 @@ class LLMCall(Effect):
                 response = await stream_with_retries(
                     client, sent, on_text, on_attempt=on_attempt, on_retry=on_retry,
                     max_attempts=runtime.max_attempts, base_delay=runtime.retry_base_seconds,
-                    max_delay=min(60.0, runtime.retry_max_seconds))
+                    max_delay=min(60.0, runtime.retry_max_seconds),
+                    wait_for_server=_left(priced.wait_for_server_seconds, waiting_since),
+                    seen=waiting_since is not None)
                 break
             except TransientError as exc:  # still down or overloaded after its retries
                 if n + 1 == len(chain):
@@ -145,6 +155,12 @@ class LLMCall(Effect):
                 return _failed(exc)
         return {"response": response.model_dump(mode="json"),
                 "request_chars": request_chars(request)}
+
+
+def _left(limit: float, since: float | None) -> float:
+    """Seconds of the wait for a restarting server not spent yet (by wall clock: an
+    earlier process may have spent some)."""
+    return limit if since is None else max(0.0, limit - (time.time() - since))
 
 
 def _failed(exc: LLMError) -> dict:

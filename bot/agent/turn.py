@@ -4,8 +4,10 @@
                  (a turn whose message was deleted before this phase ran is withdrawn
                  instead: done without running, see `inbox.withdraw_message`)
     llm          assemble the context, spawn an llm_call, wait for it
-    after_llm    record the reply; spawn one tool_call per call (they run in parallel) and
-                 wait, or spawn the delivery of the final answer and wait
+    after_llm    record the reply; check its tool calls (`call_check`: one that may not
+                 run is answered with its error), spawn one tool_call per call that may
+                 (they run in parallel) and wait, or spawn the delivery of the final answer
+                 (said to be cut off if the model stopped at its length limit) and wait
     after_tools  record the tool results in call order and go on as `llm` does, in the
                  same commit
     delivered    done
@@ -19,6 +21,7 @@ import time
 from bot.agent import budget
 from bot.agent.apology import apology
 from bot.agent.approval import KIND as APPROVAL
+from bot.agent.call_check import check_calls
 from bot.agent.compact import KIND as COMPACT
 from bot.agent.compact import window_pressure
 from bot.agent.context import assemble
@@ -37,6 +40,16 @@ from store import DONE
 # it (race-free, see store/commit.py). Longer than `steward resume` waits for work due soon,
 # so a queue behind a turn riding out an outage does not keep `resume` from exiting.
 WAIT_FOR_OLDER_TURN = 600.0
+# After a reply the model stopped at its length limit (the output cap, or a server whose
+# context filled): it is not the whole answer, and the person must not take it for one.
+CUT_OFF = ("[…the answer was cut off here: the model stopped at its length limit. Ask me "
+           "to go on, or for a shorter answer.]")
+# Said with an answer the model wrote without its tools, because with them the request did
+# not fit the server's context window.
+WITHOUT_TOOLS = ("(This conversation is too long for the model's context window with my "
+                 "tools, so this answer was written without them: nothing was remembered, "
+                 "scheduled or looked up for it.)")
+
 
 class Turn(TaskDef):
     kind = TURN
@@ -81,7 +94,8 @@ class Turn(TaskDef):
         cp = ctx.checkpoint
         deps, conv_id = self.deps, ctx.task.conversation_id
         config = deps.config
-        tools = deps.toolbox.specs() if cp["round"] < config.agent.max_tool_rounds else []
+        tools = deps.toolbox.specs() \
+            if cp["round"] < config.agent.max_tool_rounds and not cp.get("without_tools") else []
         # The asker's zone (their Slack profile's), else the configured one: recall reads a
         # time phrase ("last spring") and dates its hits there.
         assembled = await assemble(self.store, config, conv_id, tools=tools,
@@ -142,14 +156,31 @@ class Turn(TaskDef):
             # The provider says it does not fit after all: compact, then try once more.
             ctx.spawn(COMPACT, {"reason": "context overflow"})
             return Wait("llm", {**cp, "overflow_retried": True, "compacted": True})
+        if result.get("error_type") == "ContextOverflow" and not cp.get("without_tools") \
+                and self.deps.toolbox.specs():
+            # Still too big: on a small local server the tools' schemas alone can take most
+            # of the window. Once more without them, rather than no answer at all.
+            ctx.checkpoint = {**cp, "without_tools": True}
+            return await self._phase_llm(ctx)
         if state != DONE or "error" in result:
             failure = (await self.store.get_task(cp["llm_task"])).failure
             return self._answer(ctx, apology(result, error, state, failure=failure),
                                 error=True)
         response = Response.model_validate(result["response"])
+        if response.notes:  # told with the answer, once each
+            cp = ctx.checkpoint = {**cp, "notes": [
+                *cp.get("notes", []), *(n for n in response.notes
+                                        if n not in cp.get("notes", []))]}
         if not response.tool_calls:
-            return self._answer(ctx, response.text)
-        calls = [c.model_dump(mode="json") for c in response.tool_calls]
+            text = response.text
+            if response.stop_reason == "length":  # never shown as if it were complete
+                text = f"{text.rstrip()}\n\n{CUT_OFF}" if text.strip() else CUT_OFF
+            return self._answer(ctx, text)
+        # Checked before anything runs (bot/agent/call_check.py): a call that may not run
+        # is answered with its error, and stored in a form any server reads back.
+        checked = check_calls(response, self.deps.toolbox,
+                              most=self.deps.config.agent.max_tool_calls)
+        calls = [c.call.model_dump(mode="json") for c in checked]
         mark = marked(cp.get("read_outside"))
         ctx.writes.append(conv_id, "assistant", response.text, task_id=ctx.task.id,
                           data={"tool_calls": calls, "answers_upto": cp["upto"], **mark})
@@ -159,8 +190,12 @@ class Turn(TaskDef):
         # yes first waits for it as an approval (which then spawns it, with the same key).
         asking = await self._asking(ctx)
         mark = marked(asking.read_outside)  # what they store
-        tool_tasks = []
-        for n, c in enumerate(response.tool_calls):
+        tool_tasks: list = []
+        for n, verdict in enumerate(checked):
+            if verdict.problem is not None:  # nothing runs: its result is the error
+                tool_tasks.append({"call": calls[n], "error": verdict.problem})
+                continue
+            c = verdict.call
             key = f"{ctx.task.id}.{cp['round']}.{n}"
             summary = await self._approval(c, asking)
             if summary is None:
@@ -173,7 +208,11 @@ class Turn(TaskDef):
                 "reply_to": ctx.inputs.get("reply_to", {}), "who": asking.who,
                 "expires_at": time.time() + 60 * self.deps.config.agent.approval_expiry_minutes,
                 **mark}))
-        return Wait("after_tools", {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1})
+        cp = {**cp, "tool_tasks": tool_tasks, "round": cp["round"] + 1}
+        if all(isinstance(t, dict) for t in tool_tasks):  # none runs: nothing to wait for
+            ctx.checkpoint = cp
+            return await self._phase_after_tools(ctx)
+        return Wait("after_tools", cp)
 
     async def _asking(self, ctx: TaskContext) -> Asking:
         conv_id = ctx.task.conversation_id
@@ -211,6 +250,13 @@ class Turn(TaskDef):
         cp = {k: v for k, v in ctx.checkpoint.items() if k != "tool_tasks"}
         turn_mark = cp.get("read_outside")  # what this turn's own calls were made from
         for task_id in ctx.checkpoint["tool_tasks"]:
+            if isinstance(task_id, dict):  # a call that was not run (call_check)
+                call = ToolCall.model_validate(task_id["call"])
+                ctx.writes.append(ctx.task.conversation_id, "tool_result", task_id["error"],
+                                  data={"tool_call_id": call.id, "name": call.name,
+                                        "is_error": True, **marked(turn_mark)},
+                                  task_id=ctx.task.id)
+                continue
             task = await self.store.get_task(task_id)
             call = ToolCall.model_validate(task.inputs["call"])
             content, is_error = tool_outcome(task)
@@ -249,6 +295,10 @@ class Turn(TaskDef):
         turn, so even a repeated phase cannot make a second one)."""
         cp = ctx.checkpoint
         conv_id = ctx.task.conversation_id
+        for said in cp.get("notes", []):  # what the person sent that the model did not see
+            text = f"{text}\n\n{said}"
+        if cp.get("without_tools") and not error:
+            text = f"{text}\n\n{WITHOUT_TOOLS}"
         if cp.get("note"):  # near a spending cap: said once, with this answer
             text = f"{text}\n\n{cp['note']}"
         mark = marked(cp.get("read_outside"))

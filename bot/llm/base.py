@@ -121,7 +121,11 @@ def parse_arguments(text: str) -> dict[str, Any]:
 
 
 def dump_arguments(arguments: dict[str, Any]) -> str:
-    """Arguments back to wire text; `{"_raw": text}` goes back exactly as the model sent it."""
-    if set(arguments) == {"_raw"} and isinstance(arguments["_raw"], str):
-        return arguments["_raw"]
+    """Arguments back to wire text, always a JSON object. `{"_raw": text}` (what a model
+    wrote that was no JSON object, stored so by older versions) goes back as `{}`: a server
+    parses the arguments of every call in the history, and llama.cpp answers text it
+    cannot parse with a 500 on every later request of the conversation. The call's error
+    result says what was wrong with it."""
+    if set(arguments) == {"_raw"}:
+        return "{}"
     return json.dumps(arguments, ensure_ascii=False)

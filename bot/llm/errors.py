@@ -4,12 +4,19 @@ LLMError                  carries provider, status, body and lower-cased headers
  +-- TransientError       worth retrying with backoff
  |    +-- RateLimited     429 (retry_after seconds when the server said so)
  |    +-- ServerError     5xx, overloaded
+ |    |    +-- Loading    503 "Loading model": a local server (llama.cpp, Ollama) is up and
+ |    |                   still loading its model; waited for (`bot.llm.retry`)
  |    +-- StreamError     timeout, connection dropped, stream cut before its end
  |         +-- Unreachable no connection could be made (DNS, refused, connect timeout):
  |                         retried briefly, since a down network is not back in seconds
  +-- ContextOverflow      the request does not fit the model's context window
  +-- AuthError            401/403: the message names the env var to check
  +-- RequestError         any other 4xx: the request itself is wrong
+      +-- Rejected        a 400 or 500 whose body names what in the request the server
+                          could not take (roles out of the order its template demands, a
+                          tool call it cannot parse, an image it cannot read): not an
+                          outage, so not retried as one; `cause` says which, and the
+                          OpenAI-compatible client repairs what it sends (`bot.llm.repair`)
 """
 
 
@@ -45,6 +52,11 @@ class Unreachable(StreamError):
     """The provider's host could not be reached at all; nothing was sent."""
 
 
+class Loading(ServerError):
+    """The server answered that it is still loading its model (a local server after a
+    restart takes 10-60 s): worth waiting for, like one restarting."""
+
+
 class ContextOverflow(LLMError):
     pass
 
@@ -57,3 +69,12 @@ class AuthError(LLMError):
 
 class RequestError(LLMError):
     pass
+
+
+class Rejected(RequestError):
+    """The server could not take this request, and said what in it (see the module doc).
+    `cause`: "roles", "tool_call" or "image"."""
+
+    def __init__(self, message: str, *, cause: str, **kw):
+        super().__init__(message, **kw)
+        self.cause = cause

@@ -23,7 +23,9 @@ from .errors import (
     AuthError,
     ContextOverflow,
     LLMError,
+    Loading,
     RateLimited,
+    Rejected,
     RequestError,
     ServerError,
     StreamError,
@@ -37,6 +39,17 @@ _CONTEXT = re.compile(
     r"|context size|prompt is too long|request_too_large|too many tokens",
     re.IGNORECASE,
 )
+# What a local server (llama.cpp, Ollama, vLLM, LM Studio) says when it cannot take the
+# request itself, by the part of it that is at fault: the same request gets the same
+# answer, whatever the status (llama.cpp sends some of these as 500), so it is no outage.
+_REJECTED = (
+    ("roles", re.compile(r"roles must alternate|must alternate|system message must be at "
+                         r"the beginning|conversation roles", re.IGNORECASE)),
+    ("image", re.compile(r"\bimages?\b|multimodal|mmproj|vision", re.IGNORECASE)),
+    ("tool_call", re.compile(r"failed to parse|parse error|could not parse|unable to parse"
+                             r"|invalid json|tool.?call|chat template|jinja", re.IGNORECASE)),
+)
+_LOADING = re.compile(r"loading model|model is loading|still loading", re.IGNORECASE)
 _SERVER_KINDS = {"api_error", "server_error", "overloaded_error", "internal_error"}
 _AUTH_KINDS = {"authentication_error", "permission_error", "invalid_api_key"}
 
@@ -110,6 +123,12 @@ def classify(
         return AuthError(f"{detail} ({hint})", key_env=api_key_env, **kw)
     if status == 413 or _CONTEXT.search(text):
         return ContextOverflow(detail, **kw)
+    if status in (400, 422, 500) or (status is None and kind):
+        cause = next((c for c, words in _REJECTED if words.search(message)), None)
+        if cause is not None:
+            return Rejected(detail, cause=cause, **kw)
+    if status == 503 and _LOADING.search(text):
+        return Loading(detail, **kw)
     if (status or 0) >= 500 or "overloaded" in text.lower() or kind in _SERVER_KINDS:
         return ServerError(detail, **kw)
     if status == 408:

@@ -11,18 +11,27 @@ Usage: `input_tokens` is `prompt_tokens` (the whole prompt, cached part included
 
 Images: a user message with images is sent as content parts, its text first, then one
 `image_url` part per image with a `data:` URL of the stored file.
+
+Repairs: a server that rejects the request for something in it (roles out of the order its
+template demands, a tool call it cannot parse, an image it cannot read: `Rejected`) gets it
+again in a shape it takes (`bot.llm.repair`), within the same attempt; what the person
+should know about that rides on `Response.notes`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
 
 from .base import OnText, dump_arguments, open_sse, parse_arguments, parse_json_event
-from .errors import StreamError
+from .errors import LLMError, Rejected, StreamError
 from .http_errors import payload_error
+from .repair import Shape, repaired, shaped
 from .types import Message, Request, Response, ToolCall, Usage, image_data, missing_image
+
+log = logging.getLogger(__name__)
 
 _STOP_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
                  "length": "length"}
@@ -45,12 +54,53 @@ class OpenAIClient:
         self.api_key_env = api_key_env
         self.model = model
         self.provider = provider
+        # The request shape each model's server takes, as learned (`bot.llm.repair`).
+        self.shapes: dict[str, Shape] = {}
+        # The server has answered in this process: a refused connection later is a restart
+        # worth waiting for (`bot.llm.retry`), not a server that was never there.
+        self.reached = False
 
     def __repr__(self) -> str:
         return f"OpenAIClient(provider={self.provider!r}, model={self.model!r}, " \
                f"base_url={self.base_url!r})"
 
     async def stream(self, request: Request, on_text: OnText | None = None) -> Response:
+        """One attempt, in the shape the server takes: a request it rejects for something
+        in it (`Rejected`, before any text came) is sent again repaired (`bot.llm.repair`),
+        and the shape that worked is kept for the model's later requests."""
+        model = request.model or self.model
+        shape = self.shapes.get(model, Shape())
+        streamed = False
+
+        async def seen(text: str) -> None:
+            nonlocal streamed
+            streamed = True
+            if on_text is not None:
+                await on_text(text)
+
+        while True:
+            sent, notes = shaped(request, shape)
+            try:
+                response = await self._stream(sent, seen)
+            except LLMError as exc:
+                self.reached = self.reached or exc.status is not None  # it answered
+                if not isinstance(exc, Rejected):
+                    raise
+                better = None if streamed else repaired(shape, exc, request)
+                if better is None:
+                    raise
+                log.warning("%s %s: the server refused the request for its %s (HTTP %s); "
+                            "sending it again as %s", self.provider, model, exc.cause,
+                            exc.status, better)
+                shape = better
+                self.shapes[model] = better.remembered()
+                continue
+            self.reached = True
+            if notes:
+                response.notes = [*response.notes, *notes]
+            return response
+
+    async def _stream(self, request: Request, on_text: OnText) -> Response:
         model = request.model or self.model
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         assembly = _Assembly(model)
@@ -66,7 +116,7 @@ class OpenAIClient:
                 if chunk.get("error"):
                     raise payload_error(self.provider, chunk["error"], self.api_key_env)
                 text = assembly.add(chunk)
-                if text and on_text is not None:
+                if text:
                     await on_text(text)
         if not assembly.done and assembly.finish_reason is None:
             raise StreamError(f"{self.provider}: the stream ended before [DONE]",

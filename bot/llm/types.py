@@ -85,6 +85,9 @@ class Response(BaseModel):
     # "stop" (final answer), "tool_calls", "length" (max_tokens hit), or the provider's own
     stop_reason: str = "stop"
     model: str = ""
+    # What the person should hear about how this answer was got, in words: the client had
+    # to change the request for the server to take it (an image it cannot read, left out).
+    notes: list[str] = Field(default_factory=list)
 
 
 async def image_data(request: Request) -> dict[str, str | None]:

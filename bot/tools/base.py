@@ -342,6 +342,12 @@ class Tool:
         return ToolSpec(name=self.name, description=self.description,
                         parameters=self.parameters)
 
+    def problem(self, arguments: Any) -> str | None:
+        """What is wrong with `arguments` for this tool, as the model is told, or None:
+        checked before a call is run at all (`bot.agent.call_check`)."""
+        values = self._validate(arguments)
+        return values.content if isinstance(values, ToolResult) else None
+
     def _validate(self, arguments: Any) -> BaseModel | ToolResult:
         if not isinstance(arguments, dict):
             return _error("invalid arguments: expected a JSON object, got "
