@@ -177,6 +177,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            # Ollama's /api/show and the like, asked at start-up (bot/llm/discovery.py):
+            # not this server's; like llama-server, a 404, kept out of what was asked
+            self.send_error(404)
+            return
         body = json.loads(raw or b"{}")
         status, answer = self.fake.answer(body)
         with self.fake._lock:
