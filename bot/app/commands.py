@@ -161,29 +161,9 @@ async def _log(config: Config, args) -> int:
 
 
 async def _fork(config: Config, args) -> int:
-    from sqlalchemy.exc import IntegrityError
+    from bot.app.fork import fork_command
 
-    from store import NotFound
-
-    async with opened_store(config) as store:
-        parent = await store.get_conversation(args.key)
-        at = parent.last_seq if args.at is None else args.at
-        if at > parent.last_seq:
-            raise UsageError(f"{args.key} has {parent.last_seq} entries; --at {at} is past "
-                             "its end")
-        new_key = args.new_key or f"{args.key}@{at}"
-        taken = f"a conversation {new_key!r} already exists; name the fork with --as KEY"
-        try:
-            await store.get_conversation(new_key)
-            raise UsageError(taken)
-        except NotFound:
-            pass
-        try:
-            child = await store.fork(args.key, new_key, at_seq=at)
-        except IntegrityError:  # made meanwhile by someone else
-            raise UsageError(taken) from None
-    print(child.key)
-    return 0
+    return await fork_command(config, args)
 
 
 async def _facts(config: Config, args) -> int:
