@@ -150,6 +150,10 @@ async def open_app(config: Config):
             await mcp.close()
 
 
+def _print_aside(message) -> None:
+    print(f"[{message.conversation_key}] {message.text}", flush=True)
+
+
 async def run_forever(config: Config) -> int:
     """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0. If one
     of its loops ends by itself (an error that is not an outage to wait out), stop and exit
@@ -172,6 +176,8 @@ async def _serve(config: Config) -> int:
     allocator.configure()  # cap malloc arenas before the first thread (bot/app/allocator.py)
     notifier = Notifier()
     async with open_app(config) as app:
+        # What reaches the terminal with no `ask` or `chat` there (a reminder): on stdout.
+        app.deps.channels["cli"].aside = _print_aside
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
