@@ -219,3 +219,20 @@ async def test_ctrl_c_twice_stops_now_and_the_next_start_shows_the_answer(
     said = [json.loads(line) for line in out.splitlines()]
     assert [(e["kind"], e["text"]) for e in said if e["kind"] != "system"][-1] == (
         "assistant", STORY)
+
+
+async def test_a_task_whose_process_was_killed_shows_as_waiting_to_resume(home, slow_llm):
+    with (home / "config.toml").open("a") as config:
+        config.write("[runtime]\nlease_seconds = 1.0\n")
+    proc = await start_answer(home, slow_llm)
+    proc.kill()  # no chance to hand anything back
+    await proc.wait()
+    await asyncio.sleep(1.5)  # its lease, renewed by nobody now, has run out
+    code, out, err = await steward(home, "tasks")
+    assert code == 0, err
+    states = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert not [line for line in states.values() if " running " in line], out
+    assert [line for line in states.values() if "waiting to resume" in line], out
+    code, out, err = await steward(home, "tasks", "--json")
+    stalled = [json.loads(line) for line in out.splitlines() if json.loads(line)["stalled"]]
+    assert {t["state"] for t in stalled} == {"running"}, out  # as the store has it

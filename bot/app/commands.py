@@ -63,7 +63,10 @@ async def _tasks(config: Config, args) -> int:
         found = await store.list_tasks(state=args.state, limit=args.limit)
     rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
              "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
-             "failure": t.failure, "updated": _ts(t.updated_at)} for t in found]
+             "failure": t.failure, "updated": _ts(t.updated_at),
+             "stalled": t.stalled()} for t in found]
+    if not args.json:  # running, says the store; but no live process runs it any more
+        rows = [{**r, "state": "waiting to resume"} if r["stalled"] else r for r in rows]
     _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "failure", "error"],
           f"no {args.state} tasks" if args.state else "no tasks")
     return 0
