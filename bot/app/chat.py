@@ -15,6 +15,7 @@ start and shown there (`chat` shows what reaches the terminal between its turns:
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -29,12 +30,18 @@ from bot.app.interrupt import CtrlC, unless
 from bot.app.wiring import App
 from bot.channels import Outbound
 from bot.redact import redact
+from bot.runtime.supervision import describe
 from bot.scheduler.loop import Scheduler
 from store import DONE, TERMINAL, WAITING, new_id
 
+log = logging.getLogger(__name__)
+
 POLL = 0.05
+QUIET_SECONDS = 0.5  # a drain this short is not announced
 PROMPT = "you> "
 STOPPING = "stopping: finishing the answer in progress… press Ctrl-C again to stop now"
+STOPPED = ("stopped: what was in progress resumes at the next start (`steward chat`, `resume` "
+           "or `run`), and its answer is shown then")
 RESUME_HORIZON = 60.0  # seconds: `resume` waits for retries due this soon
 READ_SIZE = 65536
 
@@ -162,6 +169,8 @@ async def serving(app: App, ctrl_c: CtrlC | None = None, err: TextIO = sys.stder
     job = asyncio.create_task(app.runner.run())
     scheduler = Scheduler(app.deps) if schedules else None
     firing = asyncio.create_task(scheduler.run()) if scheduler is not None else None
+    if firing is not None:
+        firing.add_done_callback(_ended)
     try:
         yield
     finally:
@@ -172,23 +181,37 @@ async def serving(app: App, ctrl_c: CtrlC | None = None, err: TextIO = sys.stder
         await job
 
 
+def _ended(firing: asyncio.Task) -> None:
+    """The scheduler stopped by itself (not an outage: those it waits out): the chat goes
+    on, its reminders left to the next start or to `run`."""
+    if not firing.cancelled() and firing.exception() is not None:
+        log.error("schedules stopped firing in this chat: %s", describe(firing.exception()))
+
+
 async def _stop(app: App, ctrl_c: CtrlC | None, err: TextIO) -> None:
+    """Drain the runner. Work that takes longer than a moment is announced, and a
+    (second) Ctrl-C stops it now, handing it back to resume at the next start."""
     runner, grace = app.runner, app.config.runtime.drain_seconds
     runner.stop()
-    if not runner.busy:
-        return
     if ctrl_c is None:
         await runner.drain(grace)
         return
     if not ctrl_c.second.is_set():
-        _say(err, f"stopping: finishing the work in progress ({runner.busy} task"
-                  f"{'s' if runner.busy > 1 else ''})… press Ctrl-C again to stop now")
-        finished, _ = await unless(ctrl_c.second, runner.drain(grace, hand_back=True))
+        drained = asyncio.ensure_future(runner.drain(grace, hand_back=True))
+        await asyncio.wait([drained], timeout=QUIET_SECONDS)  # most work ends at once
+        if not drained.done():
+            _say(err, f"stopping: finishing the work in progress ({runner.busy} task"
+                      f"{'s' if runner.busy > 1 else ''})… press Ctrl-C again to stop now")
+        finished, in_time = await unless(ctrl_c.second, asyncio.shield(drained))
         if finished:
+            if not in_time:  # past [runtime] drain_seconds: handed back
+                _say(err, STOPPED)
             return
-    await runner.drain(0, hand_back=True)
-    _say(err, "stopped: what was in progress resumes at the next start (`steward chat`, "
-              "`resume` or `run`), and its answer is shown then")
+        drained.cancel()
+        await asyncio.gather(drained, return_exceptions=True)
+    if runner.busy:
+        await runner.drain(0, hand_back=True)
+        _say(err, STOPPED)
 
 
 def _say(err: TextIO, line: str) -> None:
