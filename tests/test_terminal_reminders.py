@@ -5,6 +5,7 @@ between turns. Real `steward` subprocesses, the offline demo model, schedules du
 second or two."""
 
 import asyncio
+import json
 import signal
 import sys
 
@@ -87,3 +88,33 @@ async def test_chat_fires_due_reminders_and_shows_them_between_turns(home):
     assert proc.returncode == 0, err
     code, out, _ = await steward(home, "schedules", "--all", "--json")
     assert out.count('"fired": 1') == 2, out  # each once
+
+
+async def test_with_run_and_chat_both_up_a_reminder_fires_once(home):
+    run = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=steward_env(home), cwd=home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    chat = await start_chat(home)
+    try:
+        await Reader(run.stdout).until(b"steward: running")
+        await Reader(chat.stdout).until(b"you> ")
+        await remind(home, "cli:default", "stretch")
+        for _ in range(120):  # each look is a `steward log` of its own
+            code, out, err = await steward(home, "log", "cli:default", "--json")
+            said = [json.loads(line)["text"] for line in out.splitlines()]
+            if "Reminder: stretch." in said:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError(said)
+        await asyncio.sleep(3)  # a second firing would be there by now
+        code, out, err = await steward(home, "log", "cli:default", "--json")
+        said = [json.loads(line)["text"] for line in out.splitlines()]
+        assert said.count("Reminder: stretch.") == 1, said
+        code, out, _ = await steward(home, "schedules", "--all", "--json")
+        assert [json.loads(line)["fired"] for line in out.splitlines()] == [1], out
+    finally:
+        chat.stdin.close()
+        run.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(chat.wait(), run.wait()), 60)
+    assert (chat.returncode, run.returncode) == (0, 0)
