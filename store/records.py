@@ -137,6 +137,14 @@ class Task:
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
+    def stalled(self, at: float | None = None) -> bool:
+        """Running under a lease nobody renewed in time: the process that ran it is gone
+        (killed, or stopped with no chance to hand it back), so no one runs it now; it
+        waits to be resumed, at the next start or by another worker. What a person is
+        shown instead of "running" (`steward tasks`)."""
+        return (self.state == RUNNING and self.lease_expires is not None
+                and self.lease_expires < (now() if at is None else at))
+
 
 @dataclass(frozen=True)
 class Schedule:

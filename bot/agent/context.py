@@ -306,6 +306,13 @@ def answer_order(entries: list[Entry]) -> list[Entry]:
                 continue
             working = e.task_id
         data = e.data or {}
+        if e.kind == "assistant" and e.task_id != working and any(
+                h.task_id == e.task_id for h in held):
+            # The turn of a held message speaks: the working one never answered (it was
+            # abandoned, or a fork cut it off), and turns of a conversation run one at a
+            # time. Held behind it for good, the new message would stay the model's last
+            # word at every step, and the turn would loop.
+            working = e.task_id
         if e.kind == "assistant" and e.task_id == working and "answers_upto" in data:
             release(data["answers_upto"])
         ordered.append(e)

@@ -20,10 +20,10 @@ renamed into place: a directory with the right name is whole and was verified. I
 Left out: the SQLite files themselves (copied through the API instead: `steward.db`, its
 `-wal`, `-shm`, `-journal`), the vector index `<database>-vectors/` (rebuilt from the
 `entry_vectors` table), the database's `.state` note, the pre-upgrade copies in
-`snapshots/`, `runner.lock`, `health.json`, `config.validated.json`, `steward.log`,
-scratch files (`.*.tmp`), and backup directories (any holding a `.steward-backup.lock`).
-The environment file of secrets (`~/.config/steward/env`) is never copied: secrets stay
-where they are kept.
+`snapshots/`, `runner.lock`, `run.lock`, `health.json`, `config.validated.json`,
+`steward.log`, scratch files (`.*.tmp`), and backup directories (any holding a
+`.steward-backup.lock`). The environment file of secrets (`~/.config/steward/env`) is
+never copied: secrets stay where they are kept.
 
 Order: the home's side files first, then the database, then the blobs. The Slack journal's
 `done` line for an event is written after the event's commit, so a journal copied before
@@ -109,7 +109,7 @@ FAILED = ".steward-backup-failed.json"  # the last attempt's error, until one su
 STAGE = ".steward-stage-"  # an encrypted backup's plain database, staged in the home
 _NAME = re.compile(r"steward-backup-(\d{8}T\d{6}Z)(?:-(\d+))?")
 _PARTIAL = re.compile(r"\.steward-backup-.*\.partial")
-_LEFT_OUT = ("runner.lock", "health.json", "config.validated.json", "steward.log")
+_LEFT_OUT = ("runner.lock", "run.lock", "health.json", "config.validated.json", "steward.log")
 # Beside the SQLite file: its own (copied through the API), the vector index (rebuilt from
 # the table) and the note of how far it got (store/wal_guard.py: about that file only).
 _DB_COMPANIONS = ("-wal", "-shm", "-journal", "-vectors", ".state")

@@ -6,10 +6,16 @@ blocked in `input()`: Ctrl-C at the prompt then leaves at once, instead of when 
 next pressed (a thread cannot be interrupted, and the process would wait for it). When the
 model gave no answer (its provider unreachable, say) the answer shown is the apology the
 conversation keeps, and one line on stderr says why; `ask` then exits 1.
+
+Ctrl-C during an answer says what it does: the answer is finished and shown, unless Ctrl-C
+comes again (bot/app/interrupt.py); what that cuts off is handed back, finished at the next
+start and shown there (`chat` shows what reaches the terminal between its turns: `Aside`;
+`resume` prints it with its session).
 """
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -20,11 +26,22 @@ from bot.agent.approval import ANSWERS
 from bot.agent.approval import KIND as APPROVAL
 from bot.agent.events import Event
 from bot.agent.inbox import submit_message
+from bot.app.interrupt import CtrlC, unless
 from bot.app.wiring import App
+from bot.channels import Outbound
 from bot.redact import redact
+from bot.runtime.supervision import describe
+from bot.scheduler.loop import Scheduler
 from store import DONE, TERMINAL, WAITING, new_id
 
+log = logging.getLogger(__name__)
+
 POLL = 0.05
+QUIET_SECONDS = 0.5  # a drain this short is not announced
+PROMPT = "you> "
+STOPPING = "stopping: finishing the answer in progress… press Ctrl-C again to stop now"
+STOPPED = ("stopped: what was in progress resumes at the next start (`steward chat`, `resume` "
+           "or `run`), and its answer is shown then")
 RESUME_HORIZON = 60.0  # seconds: `resume` waits for retries due this soon
 READ_SIZE = 65536
 
@@ -144,14 +161,62 @@ async def say(app: App, session: str, text: str, out: TextIO,
 
 
 @contextlib.asynccontextmanager
-async def serving(app: App):
-    """The runner works in the background while the terminal talks; then it drains."""
+async def serving(app: App, ctrl_c: CtrlC | None = None, err: TextIO = sys.stderr, *,
+                  schedules: bool = False):
+    """The runner works in the background while the terminal talks (and with `schedules`,
+    the scheduler fires what comes due); then it drains, saying so when there is work to
+    wait for (Ctrl-C again stops now)."""
     job = asyncio.create_task(app.runner.run())
+    scheduler = Scheduler(app.deps) if schedules else None
+    firing = asyncio.create_task(scheduler.run()) if scheduler is not None else None
+    if firing is not None:
+        firing.add_done_callback(_ended)
     try:
         yield
     finally:
-        await app.runner.drain(app.config.runtime.drain_seconds)
+        if scheduler is not None:
+            scheduler.stop()
+            await asyncio.gather(firing, return_exceptions=True)
+        await _stop(app, ctrl_c, err)
         await job
+
+
+def _ended(firing: asyncio.Task) -> None:
+    """The scheduler stopped by itself (not an outage: those it waits out): the chat goes
+    on, its reminders left to the next start or to `run`."""
+    if not firing.cancelled() and firing.exception() is not None:
+        log.error("schedules stopped firing in this chat: %s", describe(firing.exception()))
+
+
+async def _stop(app: App, ctrl_c: CtrlC | None, err: TextIO) -> None:
+    """Drain the runner. Work that takes longer than a moment is announced, and a
+    (second) Ctrl-C stops it now, handing it back to resume at the next start."""
+    runner, grace = app.runner, app.config.runtime.drain_seconds
+    runner.stop()
+    if ctrl_c is None:
+        await runner.drain(grace)
+        return
+    if not ctrl_c.second.is_set():
+        drained = asyncio.ensure_future(runner.drain(grace, hand_back=True))
+        await asyncio.wait([drained], timeout=QUIET_SECONDS)  # most work ends at once
+        if not drained.done():
+            _say(err, f"stopping: finishing the work in progress ({runner.busy} task"
+                      f"{'s' if runner.busy > 1 else ''})… press Ctrl-C again to stop now")
+        finished, in_time = await unless(ctrl_c.second, asyncio.shield(drained))
+        if finished:
+            if not in_time:  # past [runtime] drain_seconds: handed back
+                _say(err, STOPPED)
+            return
+        drained.cancel()
+        await asyncio.gather(drained, return_exceptions=True)
+    if runner.busy:
+        await runner.drain(0, hand_back=True)
+        _say(err, STOPPED)
+
+
+def _say(err: TextIO, line: str) -> None:
+    err.write(("\n" if _is_terminal(err) else "") + line + "\n")
+    err.flush()
 
 
 async def model_failure(app: App, turn_id: str) -> str | None:
@@ -183,11 +248,26 @@ async def _turn(app: App, session: str, text: str, out: TextIO, err: TextIO,
     return (await app.store.get_task(turn_id)).state in (DONE, WAITING)
 
 
+async def _answer(app: App, session: str, text: str, out: TextIO, err: TextIO,
+                  ctrl_c: CtrlC, request_id: str | None = None) -> bool | None:
+    """`_turn`, through a Ctrl-C: the first lets the answer finish (and says so), the
+    second stops rendering it (`serving` then hands it back). None when Ctrl-C was pressed,
+    else whether the turn answered."""
+    job = asyncio.ensure_future(_turn(app, session, text, out, err, request_id))
+    finished, ok = await unless(ctrl_c.first, asyncio.shield(job))
+    if finished:
+        return ok
+    _say(err, STOPPING)
+    await unless(ctrl_c.second, job)
+    return None
+
+
 async def ask(app: App, session: str, text: str, request_id: str | None,
               out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    async with serving(app):
-        ok = await _turn(app, session, text, out, err, request_id)
-    return 0 if ok else 1
+    with CtrlC() as ctrl_c:
+        async with serving(app, ctrl_c, err):
+            ok = await _answer(app, session, text, out, err, ctrl_c, request_id)
+    return 130 if ctrl_c.pressed else 0 if ok else 1
 
 
 class StdinLines:
@@ -226,36 +306,88 @@ class StdinLines:
         return os.read(self.fd, READ_SIZE)  # readable: this returns at once
 
 
+class Aside:
+    """What reaches the terminal with no turn of this chat rendering it (a reminder, an
+    answer finished for a chat that was stopped): shown at the prompt (the prompt written
+    again after it), or once the turn on screen has ended, never inside its streamed text.
+    Another session's message says which session it is."""
+
+    def __init__(self, out: TextIO, session: str):
+        self.out = out
+        self.session = session
+        self.live = _is_terminal(out)
+        self.prompting = False  # the prompt is on screen, waiting for a line
+        self.busy = False  # a turn is being rendered
+        self.held: list[Outbound] = []
+
+    def __call__(self, message: Outbound) -> None:
+        self.held.append(message)
+        if not self.busy:
+            self.flush()
+
+    def prompt(self) -> None:
+        self.flush()
+        self.out.write(PROMPT)
+        self.out.flush()
+        self.prompting = True
+
+    def flush(self) -> None:
+        if not self.held:
+            return
+        if self.prompting:  # off the prompt's line (on a terminal, the prompt taken away)
+            self.out.write("\r\x1b[K" if self.live else "\n")
+        for message in self.held:
+            key = message.conversation_key
+            self.out.write((message.text if key == self.session else f"[{key}] {message.text}")
+                           + "\n")
+        self.held.clear()
+        if self.prompting:
+            self.out.write(PROMPT)
+        self.out.flush()
+
+
 async def chat(app: App, session: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                lines: StdinLines | None = None) -> int:
+    """Talk until an empty line, the end of the input or Ctrl-C. Due schedules fire here
+    too (an occurrence's commit is keyed: with `run` up as well, each still fires once),
+    and what they deliver to the terminal is shown between turns (`Aside`)."""
     lines = lines or StdinLines(sys.stdin.fileno())
+    aside = Aside(out, session)
+    app.deps.channels["cli"].aside = aside  # before the runner resumes anything
     out.write(f"steward chat — session {session}; an empty line, Ctrl-D or Ctrl-C ends it\n")
-    async with serving(app):
-        while True:
-            out.write("you> ")
-            out.flush()
-            try:
-                line = await lines.readline()
-            except asyncio.CancelledError:  # Ctrl-C: off the prompt's line, then out
-                out.write("\n")
-                out.flush()
-                raise
-            if line is None or not line.strip():
-                break
-            await _turn(app, session, line, out, err)
-    return 0
+    with CtrlC() as ctrl_c:
+        async with serving(app, ctrl_c, err, schedules=True):
+            while True:
+                aside.prompt()
+                read, line = await unless(ctrl_c.first, lines.readline())
+                aside.prompting = False
+                if not read:  # Ctrl-C at the prompt: off its line, then out
+                    out.write("\n")
+                    out.flush()
+                    break
+                if line is None or not line.strip():
+                    break
+                aside.busy = True
+                try:
+                    await _answer(app, session, line, out, err, ctrl_c)
+                finally:
+                    aside.busy = False
+                    aside.flush()
+                if ctrl_c.pressed:
+                    break
+    return 130 if ctrl_c.pressed else 0
 
 
 async def resume(app: App, out: TextIO = sys.stdout) -> int:
     """Finish what is ready or interrupted; answers for the terminal are printed with
     their session."""
-    queue = app.deps.events.subscribe()
+    def shown(message: Outbound) -> None:
+        out.write(f"[{message.conversation_key}] {message.text}\n")
+        out.flush()
+
+    app.deps.channels["cli"].aside = shown
     # Retries a minute away are waited for; an outage's longer backoff is left to `run`.
     await app.runner.run(until_idle=True, horizon=RESUME_HORIZON)
-    while not queue.empty():
-        event = queue.get_nowait()
-        if event.kind == "final":
-            out.write(f"[{event.data['conversation_key']}] {event.data['text']}\n")
     counts = await app.store.count_tasks()
     out.write("tasks: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")
               + "\n")

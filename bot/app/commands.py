@@ -69,7 +69,10 @@ async def _tasks(config: Config, args) -> int:
         found = await store.list_tasks(state=args.state, limit=args.limit)
     rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
              "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
-             "failure": t.failure, "updated": _ts(t.updated_at)} for t in found]
+             "failure": t.failure, "updated": _ts(t.updated_at),
+             "stalled": t.stalled()} for t in found]
+    if not args.json:  # running, says the store; but no live process runs it any more
+        rows = [{**r, "state": "waiting to resume"} if r["stalled"] else r for r in rows]
     _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "failure", "error"],
           f"no {args.state} tasks" if args.state else "no tasks")
     return 0
@@ -167,29 +170,9 @@ async def _log(config: Config, args) -> int:
 
 
 async def _fork(config: Config, args) -> int:
-    from sqlalchemy.exc import IntegrityError
+    from bot.app.fork import fork_command
 
-    from store import NotFound
-
-    async with opened_store(config) as store:
-        parent = await store.get_conversation(args.key)
-        at = parent.last_seq if args.at is None else args.at
-        if at > parent.last_seq:
-            raise UsageError(f"{args.key} has {parent.last_seq} entries; --at {at} is past "
-                             "its end")
-        new_key = args.new_key or f"{args.key}@{at}"
-        taken = f"a conversation {new_key!r} already exists; name the fork with --as KEY"
-        try:
-            await store.get_conversation(new_key)
-            raise UsageError(taken)
-        except NotFound:
-            pass
-        try:
-            child = await store.fork(args.key, new_key, at_seq=at)
-        except IntegrityError:  # made meanwhile by someone else
-            raise UsageError(taken) from None
-    print(child.key)
-    return 0
+    return await fork_command(config, args)
 
 
 async def _facts(config: Config, args) -> int:

@@ -24,6 +24,7 @@ from bot.agent.turn import Turn
 from bot.app import allocator, restore, taskdump
 from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
+from bot.app.home_lock import HomeBusy, HomeLock
 from bot.app.opened import opened_store
 from bot.app.systemd import Notifier
 from bot.config import unset_secrets
@@ -158,13 +159,34 @@ async def open_app(config: Config):
             await mcp.close()
 
 
+def _print_aside(message) -> None:
+    print(f"[{message.conversation_key}] {message.text}", flush=True)
+
+
 async def run_forever(config: Config) -> int:
     """`steward run`: resume, then serve until SIGTERM/SIGINT, then drain and exit 0. If one
     of its loops ends by itself (an error that is not an outage to wait out), stop and exit
-    1: the service manager starts a fresh process, never one left up with nothing working."""
+    1: the service manager starts a fresh process, never one left up with nothing working.
+    A home another `run` serves is refused at once, with that one's pid (exit 1: a service
+    refused so tries again, and takes over once the other has stopped)."""
+    lock = HomeLock(config.home)
+    try:
+        await asyncio.to_thread(lock.acquire)
+    except HomeBusy as exc:
+        print(f"steward: {exc}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        return await _serve(config)
+    finally:
+        lock.release()
+
+
+async def _serve(config: Config) -> int:
     allocator.configure()  # cap malloc arenas before the first thread (bot/app/allocator.py)
     notifier = Notifier()
     async with open_app(config) as app:
+        # What reaches the terminal with no `ask` or `chat` there (a reminder): on stdout.
+        app.deps.channels["cli"].aside = _print_aside
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -192,17 +192,31 @@ class Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
 
-    async def drain(self, grace: float) -> bool:
+    @property
+    def busy(self) -> int:
+        """How many tasks run here now."""
+        return len(self._inflight)
+
+    async def drain(self, grace: float, *, hand_back: bool = False) -> bool:
         """After `stop()`: wait up to `grace` seconds for phases in flight; cancel the rest, which
-        stay resumable from their last commit. True if everything finished in time."""
+        stay resumable from their last commit. True if everything finished in time.
+        `hand_back`: what was cancelled goes back to pending at once (nothing counted against
+        it), instead of staying `running` under a lease nobody renews until the next start
+        (a process that stops on purpose is not one that died)."""
         self.stop()
         if not self._inflight:
             return True
         _, pending = await asyncio.wait(list(self._inflight.values()), timeout=grace)
+        cut = [task_id for task_id, job in self._inflight.items() if job in pending]
         for t in pending:
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if hand_back and cut:
+            try:
+                await self.store.release_tasks(self.owner, cut)
+            except Exception as exc:  # then they resume at the next start, as after a crash
+                log.warning("could not hand back %d task(s): %s", len(cut), describe(exc))
         return not pending
 
     # -- claiming ----------------------------------------------------------------------
