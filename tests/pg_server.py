@@ -111,7 +111,11 @@ async def resolve(env: dict | None = None, local: str = LOCAL
         return named, None
     if not named and await answers(local):
         return local, None
-    server = Throwaway()
+    try:
+        server = Throwaway()
+    except RuntimeError as exc:  # no server programs on this machine
+        raise RuntimeError(f"no PostgreSQL server for the tests: {exc}; install it "
+                           f"(bash scripts/install-test-deps) or name one in {ENV}") from None
     return await server.start(), server
 
 
