@@ -1,10 +1,11 @@
-"""Shared fixtures: a fresh store on SQLite and on the local PostgreSQL server.
+"""Shared fixtures: a fresh store on SQLite and on PostgreSQL.
 
-PostgreSQL isolation is one schema per test in database `test` (override the server with
-STEWARD_TEST_PG_URL). The server is part of this project's machines, so an unreachable one
-is a failure, not a skip.
+PostgreSQL isolation is one schema per test in database `test`. The server is the one
+STEWARD_TEST_PG_URL names, else the local one at 127.0.0.1:5432, else a throwaway server
+this run starts and stops (tests/pg_server.py): PostgreSQL tests never skip.
 """
 
+import asyncio
 import os
 import uuid
 
@@ -13,10 +14,31 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from store import open_store
+from tests import pg_server
 
-PG_URL = os.environ.get("STEWARD_TEST_PG_URL",
-                        "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+# Set by `pytest_configure`, before any test module is imported (they import it by name).
+PG_URL = os.environ.get(pg_server.ENV, pg_server.LOCAL)
 BACKENDS = ["sqlite", "postgres"]
+_started: pg_server.Throwaway | None = None
+
+
+def pytest_configure(config):
+    """Find or start the run's PostgreSQL server (once: xdist's workers inherit the URL)."""
+    global PG_URL, _started
+    PG_URL, _started = asyncio.run(pg_server.resolve())
+    os.environ[pg_server.ENV] = PG_URL
+
+
+def pytest_report_header(config):
+    if _started is not None:
+        return (f"postgresql: {PG_URL} (a throwaway server of this run, in "
+                f"{_started.cluster.root})")
+    return f"postgresql: {PG_URL}"
+
+
+def pytest_unconfigure(config):
+    if _started is not None:
+        asyncio.run(_started.stop())
 
 
 async def _pg_admin(sql: str) -> None:

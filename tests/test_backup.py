@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from bot.agent.inbox import submit_message
 from bot.app.backup import (
@@ -359,7 +360,9 @@ async def test_postgres_is_dumped_by_pg_dump_at_its_exact_position(home, pg_data
     verify_backup(made.path)
     # the dump restores into an empty database with every entry
     dump = made.path / "database/steward.pgdump"
-    host = ["--host", "127.0.0.1", "--port", "5432", "--username", "postgres"]
+    server = make_url(PG_URL)
+    host = ["--host", server.host, "--port", str(server.port or 5432),
+            "--username", server.username]
     restore = shutil.which("pg_restore") or "pg_restore"
     restored = await asyncio.create_subprocess_exec(
         restore, *host, "--no-owner", "--dbname", target, str(dump),

@@ -11,9 +11,11 @@ import json
 import socket
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from bot.app.cli import _parser
 from store import Writes, conversation_namespace, open_store
+from tests.conftest import PG_URL
 from tests.test_cli import steward, steward_env
 
 SEMAPHORE = 2  # subprocesses at once (the machine has two cores)
@@ -183,8 +185,8 @@ async def test_every_command_with_postgresql_down(home):
 
 
 async def test_a_database_postgresql_refuses_is_one_line_naming_it(home):
-    (home / "config.toml").write_text(
-        '[store]\nurl = "postgresql+asyncpg://postgres@127.0.0.1:5432/no_such_database"\n')
+    url = make_url(PG_URL).set(database="no_such_database").render_as_string(False)
+    (home / "config.toml").write_text(f'[store]\nurl = "{url}"\n')
     [result] = await run_all(home, [(["tasks"],)])
     assert_one_line_error(result, 1, 'database "no_such_database" does not exist')
 

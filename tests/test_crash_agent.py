@@ -71,7 +71,12 @@ async def steward(home: Path, *args: str, kill_at: str | None = None) -> tuple[i
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", *args, env=env, cwd=home,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 90)
+    try:  # generous: a life on a loaded machine may wait out a suspect's deferral too
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    except TimeoutError:  # never left running beside the next life
+        proc.kill()
+        await proc.wait()
+        raise
     return proc.returncode, out.decode(), err.decode()
 
 

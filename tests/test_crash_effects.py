@@ -154,6 +154,20 @@ async def test_a_poison_task_is_quarantined_and_the_work_beside_it_is_done(store
     assert all(len(ledger_counts(ledger)[i]) == 1 for i in innocent)
 
 
+async def _until_running(url, task_id, deadline: float = 120.0) -> None:
+    """Wait for the worker to hold `task_id` (its effect starts then), however slow the
+    machine: a fixed sleep lets a loaded machine signal it before it claimed anything."""
+    store = await open_store(url)
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        while (await store.get_task(task_id)).state != "running":
+            assert loop.time() < end, f"{task_id} was not claimed within {deadline} s"
+            await asyncio.sleep(0.02)
+    finally:
+        await store.close()
+
+
 async def _start_forever(url, ledger, *extra):
     env = {k: v for k, v in os.environ.items() if k != "STEWARD_KILL_AT"}
     proc = await asyncio.create_subprocess_exec(
@@ -174,9 +188,9 @@ async def test_sigterm_drains_and_exits_zero(store_url, tmp_path, drain):
     extra = ("--slow", "1.0", "--drain", "10") if drain == "finishes" else (
         "--slow", "5", "--drain", "0.2")
     proc = await _start_forever(store_url, ledger, *extra)
-    await asyncio.sleep(0.4)  # inside the first effect
+    await _until_running(store_url, ids[0])  # inside the first effect
     proc.send_signal(signal.SIGTERM)
-    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
 
     store = await open_store(store_url)

@@ -146,11 +146,12 @@ async def test_a_new_uidvalidity_answers_nothing_twice(rigs, account, sink):
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic
 async def test_idle_picks_up_new_mail_quickly(rigs, account, sink):
     rig = await rigs(idle_seconds=60.0, poll_seconds=60.0).start()
-    await asyncio.sleep(0.3)  # in IDLE now
+    await asyncio.sleep(0.3)  # in IDLE now (or not yet: then its first look finds it)
     await account.append(mail(message_id="quick@example.com"))
     started = asyncio.get_running_loop().time()
-    await sink.wait_for(1, seconds=10)
-    assert asyncio.get_running_loop().time() - started < 5
+    await sink.wait_for(1, seconds=60)
+    # Well before the 60 s poll would have found it, however loaded the machine.
+    assert asyncio.get_running_loop().time() - started < 30
     assert rig.connector.watcher.connected.is_set()
 
 
@@ -172,13 +173,13 @@ async def test_idle_is_reissued_and_keeps_working(rigs, account, sink, monkeypat
         while len(started) < count:
             idled.clear()
             await idled.wait()
-    await asyncio.wait_for(reissued(4), 10)  # IDLE ended and began again a few times
+    await asyncio.wait_for(reissued(4), 60)  # IDLE ended and began again a few times
     gaps = [b - a for a, b in zip(started, started[1:], strict=False)]
     assert min(gaps) > 0.2  # each one held for its idle_seconds, not a tight loop
     await account.append(mail(message_id="later@example.com"))
-    await sink.wait_for(1, seconds=5)
+    await sink.wait_for(1, seconds=60)
     before = len(started)
-    await asyncio.wait_for(reissued(before + 2), 10)  # and it goes on after the mail
+    await asyncio.wait_for(reissued(before + 2), 60)  # and it goes on after the mail
     assert len(clients) == 1  # all on the one connection: re-issued, not reconnected
 
 
@@ -190,7 +191,7 @@ async def test_polling_when_the_server_has_no_idle(store, sink, tmp_path):
         try:
             await asyncio.sleep(0.2)
             await mailbox.append(mail(message_id="polled@example.com"))
-            await sink.wait_for(1, seconds=10)
+            await sink.wait_for(1, seconds=60)
         finally:
             await rig.stop()
 

@@ -394,7 +394,7 @@ async def test_lease_renewal_never_waits_for_a_row_another_commit_holds(store):
         await other.begin()
         await other.execute(select(tasks.c.id).where(tasks.c.id == older)
                             .with_for_update(read=True))
-        renewed = await asyncio.wait_for(store.renew_leases("w1", [older, sleeper], 30), 5)
+        renewed = await asyncio.wait_for(store.renew_leases("w1", [older, sleeper], 30), 60)
         await other.rollback()
     assert renewed == 1
     assert (await store.get_task(sleeper)).lease_expires > now() + 20
@@ -426,12 +426,12 @@ async def test_a_lease_renewed_late_is_not_claimed_again_by_its_own_worker(store
     store.renew_leases = late
     running = asyncio.create_task(runner.run(until_idle=True))
     try:
-        await asyncio.wait_for(first.wait(), 10)
+        await asyncio.wait_for(first.wait(), 60)
         await asyncio.sleep(1.0)  # the lease ran out three times over; the claim loop polls
         assert started == [task_id]
         assert (await store.get_task(task_id)).crashes == 0
         release.set()
-        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(running, 60)
     finally:
         release.set()
         running.cancel()

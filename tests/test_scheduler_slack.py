@@ -219,7 +219,7 @@ async def test_a_turn_resumed_after_a_restart_keeps_the_zone_its_message_came_wi
     async with zone_rig(store, tmp_path, slack, run_tasks=False) as rig:
         dm, body = asks(slack, DAVE)
         await rig.send(body)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not await store.list_tasks(kind="turn", limit=1):
             assert time.monotonic() < deadline, "the event was not taken in"
             await asyncio.sleep(0.05)

@@ -113,7 +113,7 @@ async def test_a_full_disk_is_waited_out_and_the_task_finishes_once(tmp_path, ca
         assert not any(r.exc_info for r in caplog.records if r.name.startswith("bot.")), said
         assert runner.commits.outages == 1
         runner.stop()
-        await asyncio.wait_for(serving, 10)
+        await asyncio.wait_for(serving, 60)
     finally:
         await store.close()
 
@@ -197,7 +197,7 @@ async def test_postgres_going_away_is_waited_out(pg, caplog):
         said = [r.getMessage() for r in caplog.records]
         assert 1 <= sum("runner: the store is unavailable" in m for m in said) <= 2, said
         runner.stop()
-        await asyncio.wait_for(serving, 10)
+        await asyncio.wait_for(serving, 60)
     finally:
         await store.close()
 
@@ -333,6 +333,6 @@ async def test_a_suspect_is_put_off_for_other_work_once_not_in_every_life(tmp_pa
         left = sum(1 for i in others if i not in slow.runs)
         assert suspect in slow.runs and left > 100, (suspect in slow.runs, left)
         runner.stop()
-        await asyncio.wait_for(serving, 15)
+        await asyncio.wait_for(serving, 60)
     finally:
         await store.close()

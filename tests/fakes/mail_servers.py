@@ -150,7 +150,7 @@ class Dovecot:
         self.process = subprocess.Popen(
             [DOVECOT, "-F", "-c", str(self.root / "dovecot.conf")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # a loaded machine starts it slowly
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"dovecot exited: {self.process.stderr.read().decode()} "
@@ -314,7 +314,7 @@ class SmtpSink:
         self._changed.set()
         return "250 2.0.0 Ok: captured"
 
-    async def wait_for(self, count: int, seconds: float = 20.0) -> list[Captured]:
+    async def wait_for(self, count: int, seconds: float = 60.0) -> list[Captured]:
         async def reach():
             while len(self.messages) < count:
                 self._changed.clear()

@@ -34,11 +34,16 @@ def _free_port() -> int:
 
 
 class PgCluster:
-    def __init__(self):
+    """`root`: the directory of a cluster made before (by another process: the watchdog
+    of tests/pg_server.py stops one it did not start); `connections`: max_connections."""
+
+    def __init__(self, root: Path | None = None, port: int | None = None,
+                 connections: int = 100):
         self.bin = _bindir()
-        self.root = Path(tempfile.mkdtemp(prefix="steward-pg-"))
+        self.root = root or Path(tempfile.mkdtemp(prefix="steward-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = port or _free_port()
+        self.connections = connections
         self.restarts = 0
         self._as: list[str] = []
         if os.geteuid() == 0:
@@ -68,7 +73,7 @@ class PgCluster:
                        "-l", str(self.root / "server.log"), "-o",
                        f"-p {self.port} -c listen_addresses=127.0.0.1 "
                        f"-k {self.root} -c fsync=off -c full_page_writes=off "
-                       "-c max_connections=100")
+                       f"-c max_connections={self.connections}")
 
     async def stop(self, mode: str = "fast") -> None:
         await self._pg("pg_ctl", "stop", "-w", "-t", "60", "-m", mode, "-D", str(self.data))
@@ -87,6 +92,13 @@ class PgCluster:
             return (self.root / "server.log").read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+    def pid(self) -> int | None:
+        """The postmaster's pid (the first line of its pid file), None when it is down."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
 
     async def remove(self) -> None:
         if (self.data / "postmaster.pid").exists():
