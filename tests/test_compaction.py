@@ -300,3 +300,21 @@ async def test_the_context_after_a_cut_never_starts_with_an_orphaned_result(stor
         body = window.request.messages[1:]
         assert body[0].role == first  # (no user message is left after s + 3)
         assert all(m.role != "tool" for m in body)
+
+
+async def test_a_summary_cut_off_at_the_length_limit_says_so(store, deps):
+    """A summary the model stopped at its length limit is not kept as if it were whole:
+    the part written is kept (it is what there is), marked as cut off, and the task says
+    so in its result."""
+    def cut(request):
+        return Response(text="SUMMARY of earlier talk, and then", stop_reason="length")
+
+    d, runner = deps(ScriptedModel(cut), {"compaction": {"keep_recent_tokens": 50}})
+    conv = await store.ensure_conversation("cli:cut")
+    await padding(store, conv.id, 6)
+    task = await compact_now(store, runner, conv.id)
+    assert task.state == DONE and task.result.get("cut_off") is True, task.result
+    [summary] = [e for e in await store.entries_page(conv.id, limit=1000)
+                 if e.kind == "compaction"]
+    assert summary.text.startswith("SUMMARY of earlier talk, and then")
+    assert "cut off" in summary.text

@@ -93,7 +93,10 @@ class Compact(TaskDef):
         summary = result["response"]["text"].strip()
         if not summary:
             return Fail("the model returned an empty summary")
+        cut_off = result["response"].get("stop_reason") == "length"
+        if cut_off:  # what was written is what there is: kept, never passed off as whole
+            summary += "\n[…this summary was cut off at the model's length limit]"
         mark = marked(cp.get(MARK))
         ctx.writes.append(conv_id, "compaction", summary, task_id=ctx.task.id, head=True,
                           data={"cut_seq": cp["cut"], "previous_cut": cp["after"], **mark})
-        return Done({"cut": cp["cut"]})
+        return Done({"cut": cp["cut"], **({"cut_off": True} if cut_off else {})})

@@ -89,7 +89,7 @@ class OpenAIClient:
                 better = None if streamed else repaired(shape, exc, request)
                 if better is None:
                     raise
-                log.warning("%s %s: the server refused the request for its %s (HTTP %s); "
+                log.info("%s %s: the server refused the request for its %s (HTTP %s); "
                             "sending it again as %s", self.provider, model, exc.cause,
                             exc.status, better)
                 shape = better
