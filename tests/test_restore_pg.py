@@ -17,19 +17,10 @@ from bot.app.backup import take_backup
 from bot.app.config import build_config
 from store import Writes, open_store
 from tests.conftest import PG_URL
+from tests.test_backup import _pg
 from tests.test_cli import steward, steward_env
 
 SERVER = PG_URL.rsplit("/", 1)[0]
-
-
-async def _pg(sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_URL.replace("+asyncpg", ""))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
@@ -80,7 +71,7 @@ async def test_a_postgres_backup_restores_into_an_empty_database(tmp_path, datab
         url += f"?schema={schema}"
     _, backup = await backed_up(tmp_path, url)
     fresh = tmp_path / "restored"
-    plain = f"postgresql://postgres@127.0.0.1:5432/{target}"  # the spelling people type
+    plain = f"{SERVER}/{target}".replace("+asyncpg", "")  # the spelling people type
     code, out, err = await steward(fresh, "restore", str(backup), "--home", str(fresh),
                                    "--store-url", plain, cwd=tmp_path,
                                    env=steward_env(fresh))
