@@ -4,6 +4,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,13 +138,19 @@ class Task:
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
-    def stalled(self, at: float | None = None) -> bool:
-        """Running under a lease nobody renewed in time: the process that ran it is gone
-        (killed, or stopped with no chance to hand it back), so no one runs it now; it
-        waits to be resumed, at the next start or by another worker. What a person is
-        shown instead of "running" (`steward tasks`)."""
-        return (self.state == RUNNING and self.lease_expires is not None
-                and self.lease_expires < (now() if at is None else at))
+    def stalled(self, at: float | None = None,
+                alive: Callable[[str], bool | None] | None = None) -> bool:
+        """Running, but nobody runs it: its lease was not renewed in time, or `alive(owner)`
+        (bot/runtime/owner.py) says the process holding it is gone (killed, or stopped
+        with no chance to hand it back). It waits to be resumed, at the next start or by
+        another worker: what a person is shown instead of "running"."""
+        if self.state != RUNNING:
+            return False
+        if self.lease_expires is not None and self.lease_expires < (now() if at is None
+                                                                    else at):
+            return True
+        return bool(self.lease_owner) and alive is not None and \
+            alive(self.lease_owner) is False
 
 
 @dataclass(frozen=True)

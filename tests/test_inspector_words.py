@@ -3,6 +3,8 @@ stores, said as a person says it, and checked against the scheduler's own trigge
 (a sentence that disagrees with when the reminder really fires would be worse than the
 crontab); task states, ages, approvals and money."""
 
+import os
+import socket
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -14,14 +16,15 @@ from bot.app.inspector.words import (
     amount,
     cron_in_words,
     kind_in_words,
-    lease_is_stale,
     moment_in_words,
     money,
     state_in_words,
     trigger_in_words,
     waiting_for,
 )
+from bot.runtime.owner import holder_alive
 from bot.scheduler.triggers import make_trigger, next_fire
+from store import Task
 
 VIENNA = ZoneInfo("Europe/Vienna")
 
@@ -90,12 +93,24 @@ def test_once_and_every_in_words():
 
 def test_a_running_task_whose_lease_ran_out_is_interrupted_and_will_resume():
     now = 1_000_000.0
-    assert lease_is_stale("running", "h:1:x", now - 1, now)
-    assert not lease_is_stale("running", "h:1:x", now + 10, now)
-    # The lease not yet out, but its process gone (a double Ctrl-C): stale too.
-    assert lease_is_stale("running", "h:1:x", now + 10, now, alive=lambda owner: False)
-    assert not lease_is_stale("running", "h:1:x", now + 10, now, alive=lambda owner: None)
-    assert not lease_is_stale("done", "h:1:x", now - 1, now)
+
+    def task(state: str, lease_expires: float) -> Task:
+        return Task(id="t", kind="turn", parent_id=None, conversation_id=1, state=state,
+                    phase="", inputs={}, checkpoint={}, result=None, error=None,
+                    idem_key=None, dedupe_key=None, attempts=0, wait_mode=None,
+                    lease_owner="h:1:x", lease_expires=lease_expires, run_after=0.0,
+                    created_at=now, updated_at=now)
+
+    assert task("running", now - 1).stalled(now)
+    assert not task("running", now + 10).stalled(now)
+    # The lease not yet out, but its process gone (a double Ctrl-C): stalled too.
+    assert task("running", now + 10).stalled(now, alive=lambda owner: False)
+    assert not task("running", now + 10).stalled(now, alive=lambda owner: None)
+    assert not task("done", now - 1).stalled(now)
+    # a process of this machine that is gone, and one that lives
+    assert holder_alive(f"{socket.gethostname()}:{2**22 + 12345}:x") is False
+    assert holder_alive(f"{socket.gethostname()}:{os.getpid()}:x") is True
+    assert holder_alive("elsewhere:1:x") is None
     assert state_in_words("running", True) == RESUMES == "interrupted — will resume"
     assert state_in_words("running", False) == "running"
     assert state_in_words("pending", False) == "waiting its turn"

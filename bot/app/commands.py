@@ -65,12 +65,14 @@ def _emit(rows: list[dict], as_json: bool, columns: list[str], empty: str) -> No
 
 
 async def _tasks(config: Config, args) -> int:
+    from bot.runtime.owner import holder_alive
+
     async with opened_reader(config) as store:
         found = await store.list_tasks(state=args.state, limit=args.limit)
     rows = [{"id": t.id, "kind": t.kind, "state": t.state, "phase": t.phase,
              "attempts": t.attempts, "parent": t.parent_id, "error": t.error,
              "failure": t.failure, "updated": _ts(t.updated_at),
-             "stalled": t.stalled()} for t in found]
+             "stalled": t.stalled(alive=holder_alive)} for t in found]
     if not args.json:  # running, says the store; but no live process runs it any more
         rows = [{**r, "state": "waiting to resume"} if r["stalled"] else r for r in rows]
     _emit(rows, args.json, ["id", "kind", "state", "phase", "attempts", "failure", "error"],

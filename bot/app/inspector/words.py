@@ -235,18 +235,6 @@ def kind_in_words(kind: str, inputs) -> str:
     return said
 
 
-def lease_is_stale(state: str, lease_owner: str | None, lease_expires: float | None,
-                   now: float, alive=None) -> bool:
-    """A "running" task nobody runs any more: its lease ran out, or the process that holds
-    it (`host:pid:…`, bot/runtime/runner.py) is gone from this machine. `alive(owner)`
-    answers the second (None: only the lease counts)."""
-    if state != "running":
-        return False
-    if lease_expires is not None and lease_expires < now:
-        return True
-    return bool(lease_owner) and alive is not None and alive(lease_owner) is False
-
-
 def state_in_words(state: str, stale: bool) -> str:
     return RESUMES if stale else STATE_WORDS.get(state, state)
 

@@ -12,8 +12,9 @@ from bot.app.backup_schedule import backup_status
 from bot.app.doctor_checks import FAIL, OK, judge_health
 from bot.app.inspector.html import link, table, tag, url
 from bot.app.inspector.pages.layout import clip, conversation_keys, page, said, source, zone
-from bot.app.inspector.pages.work import ERROR_CHARS, alive, conversation_link, state_said
-from bot.app.inspector.words import ago, kind_in_words, lease_is_stale
+from bot.app.inspector.pages.work import ERROR_CHARS, conversation_link, state_said
+from bot.app.inspector.words import ago, kind_in_words
+from bot.runtime.owner import holder_alive
 from bot.runtime.supervision import read_health
 from store.inspect_reads import quarantined_since, recent_errors
 
@@ -56,8 +57,7 @@ async def health(request: web.Request) -> web.Response:
         errors = await recent_errors(conn, now - DAY, lookback=LOOKBACK, limit=SHOWN_ERRORS)
         quarantined = await quarantined_since(conn, now - DAY)
     running = await store.list_tasks(state="running", limit=RUNNING_LOOKED_AT)
-    stale = [t for t in running
-             if lease_is_stale(t.state, t.lease_owner, t.lease_expires, now, alive)]
+    stale = [t for t in running if t.stalled(now, holder_alive)]
     keys = await conversation_keys(store, [t.conversation_id for t in errors + stale])
     error_rows = [[said(t.updated_at, owner_zone, now),
                    tag("a", kind_in_words(t.kind, t.inputs), href=url("/task", id=t.id),

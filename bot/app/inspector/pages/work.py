@@ -3,8 +3,6 @@ approvals waiting for a person, quarantined submissions."""
 
 import asyncio
 import json
-import os
-import socket
 import time
 
 from aiohttp import web
@@ -31,11 +29,11 @@ from bot.app.inspector.pages.layout import (
 from bot.app.inspector.words import (
     ago,
     kind_in_words,
-    lease_is_stale,
     state_in_words,
     trigger_in_words,
     waiting_for,
 )
+from bot.runtime.owner import holder_alive
 from bot.runtime.supervision import read_health
 from store import STATES
 
@@ -94,26 +92,10 @@ async def _serving(home) -> str:
                class_="error" if status != OK else None)
 
 
-def alive(owner: str) -> bool | None:
-    """Whether the process named in a lease (`host:pid:…`) is alive: False when it is of
-    this machine and gone, None when it cannot be told (another machine)."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return None
-    return True
-
-
 def state_said(t, now: float) -> Html:
     """The state in words; a "running" task nobody runs is "interrupted — will resume"
     (the next `steward run` takes it up again)."""
-    stale = lease_is_stale(t.state, t.lease_owner, t.lease_expires, now, alive)
+    stale = t.stalled(now, holder_alive)
     return tag("span", state_in_words(t.state, stale),
                class_="state-resumes" if stale else f"state-{t.state}",
                title=f"state {t.state}" + (f", lease of {t.lease_owner} until "
