@@ -22,7 +22,7 @@ from bot.app.inspector.words import (
     trigger_in_words,
     waiting_for,
 )
-from bot.runtime.owner import holder_alive
+from bot.app.lease_holder import holder_alive
 from bot.scheduler.triggers import make_trigger, next_fire
 from store import Task
 

@@ -65,7 +65,7 @@ def _emit(rows: list[dict], as_json: bool, columns: list[str], empty: str) -> No
 
 
 async def _tasks(config: Config, args) -> int:
-    from bot.runtime.owner import holder_alive
+    from bot.app.lease_holder import holder_alive
 
     async with opened_reader(config) as store:
         found = await store.list_tasks(state=args.state, limit=args.limit)

@@ -32,7 +32,9 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 import random
+import socket
 import time
 from dataclasses import dataclass
 
@@ -41,7 +43,6 @@ from bot.runtime.definitions import Registry
 from bot.runtime.errors import CUT_OFF, FAULT, POISON, NotPerformed, failure_kind
 from bot.runtime.killpoints import kill_point
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
-from bot.runtime.owner import new_owner
 from bot.runtime.supervision import LoopHealth, describe
 from store import (
     BLOCKED,
@@ -105,7 +106,8 @@ class Runner:
         self.health = health or LoopHealth("runner")
         self.registry = registry
         self.options = options or RunnerOptions()
-        self.owner = owner or new_owner()
+        # host:pid:id: bot/app/lease_holder.py reads whether the holder of a lease lives
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
         self._inflight: dict[str, asyncio.Task] = {}  # task id -> the job running it
         self._reserved = 0  # slots of claims under way
         self._ending: set[asyncio.Task] = set()  # jobs past their last commit: slots free

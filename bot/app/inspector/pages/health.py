@@ -14,7 +14,7 @@ from bot.app.inspector.html import link, table, tag, url
 from bot.app.inspector.pages.layout import clip, conversation_keys, page, said, source, zone
 from bot.app.inspector.pages.work import ERROR_CHARS, conversation_link, state_said
 from bot.app.inspector.words import ago, kind_in_words
-from bot.runtime.owner import holder_alive
+from bot.app.lease_holder import holder_alive
 from bot.runtime.supervision import read_health
 from store.inspect_reads import quarantined_since, recent_errors
 

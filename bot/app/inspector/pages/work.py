@@ -33,7 +33,7 @@ from bot.app.inspector.words import (
     trigger_in_words,
     waiting_for,
 )
-from bot.runtime.owner import holder_alive
+from bot.app.lease_holder import holder_alive
 from bot.runtime.supervision import read_health
 from store import STATES
 

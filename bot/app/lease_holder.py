@@ -1,17 +1,12 @@
-"""Who holds a task's lease: `host:pid:id`, one per runner (bot/runtime/runner.py), so that
-a reader on the same machine can tell a holder that is gone (killed, or stopped twice with
-Ctrl-C) before its lease runs out."""
+"""Whether the process holding a task's lease lives. A lease holder is named `host:pid:id`
+(bot/runtime/runner.py `Runner.owner`), so a reader on the same machine tells a holder
+that is gone (killed, or stopped twice with Ctrl-C) before its lease runs out. Light on
+purpose: `steward tasks` and the inspector ask it without loading the runtime."""
 
 from __future__ import annotations
 
 import os
 import socket
-
-from store import new_id
-
-
-def new_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
 
 
 def holder_alive(owner: str) -> bool | None:
