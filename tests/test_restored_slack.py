@@ -15,6 +15,7 @@ import time
 
 from bot.agent.inbox import answer_key
 from connectors.slack.messages import META_TYPE
+from store import open_store
 from tests.fakes.slack_events import says
 from tests.fakes.slack_rig import SlackRig
 from tests.fakes.slack_server import BOT_ID, BOT_USER, TEAM
@@ -106,3 +107,34 @@ async def until_taken(rig: SlackRig, message: dict) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{message['text']!r} not taken in")
+
+
+async def test_a_reply_taken_in_as_history_is_listed_by_the_answer_that_covered_it(
+        store, tmp_path, slack):
+    """Alice's first thread reply reaches Steward late, after her second: the thread's
+    history brings the first in with the second, and the answer covers both. Its metadata
+    says so, and a home restored from a backup, given the late event, answers nothing."""
+    top, top_event = says(slack, DM, ALICE, "tok-top what time is it?")
+    async with SlackRig(store, tmp_path, slack) as rig:
+        assert (await rig.send(top_event))[0] == 200
+        await rig.settle()
+        first, first_event = says(slack, DM, ALICE, "tok-first look at the clock",
+                                  thread_ts=top["ts"])
+        _, second_event = says(slack, DM, ALICE, "tok-second and the day?",
+                               thread_ts=top["ts"])
+        assert (await rig.send(second_event))[0] == 200
+        await rig.settle()
+    [answer] = slack.bot_messages(DM, top["ts"])
+    payload = answer["metadata"]["event_payload"]
+    assert first["ts"] in payload.get("answers", []), payload
+
+    # The restored home (its own store: what the snapshot held, the top message answered)
+    fresh = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'restored.db'}")
+    try:
+        async with SlackRig(fresh, tmp_path / "restored", slack) as rig:
+            rig.deps.reconcile_until = time.time() + 3600
+            assert (await rig.send(first_event, retry_num=1))[0] == 200
+            await rig.settle()
+    finally:
+        await fresh.close()
+    assert len(slack.bot_messages(DM, top["ts"])) == 1  # nothing answered twice

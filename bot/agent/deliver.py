@@ -63,8 +63,13 @@ class Deliver(Effect):
         if upto is None:
             return ()
         floor = lower or 0
-        return tuple(e.data or {} for e in page if e.kind == "user" and floor < e.seq <= upto
-                     and not (e.data or {}).get("history"))
+        said = [e for e in page if e.kind == "user" and floor < e.seq <= upto]
+        asked = [e for e in said if not (e.data or {}).get("history")]
+        # A message of the asker's taken in as the thread's history (its own event came
+        # late, and is then passed over as seen) was answered by this answer too: it says
+        # so, or a home restored from a backup, given that late event, answers it again.
+        authors = {e.author for e in asked if e.author}
+        return tuple(e.data or {} for e in said if e in asked or e.author in authors)
 
     def can_reconcile(self, ctx: TaskContext) -> bool:
         return True
