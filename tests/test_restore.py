@@ -93,14 +93,11 @@ async def target_database():
         await conn.close()
 
 
-# Seeds that once found a race here: 950639 (a thread reply shown unanswered after the
-# restore: the predecessor's answer came after the next reply), 346007 (history of an
-# answered message put behind a waiting one) — both fixed, tests/test_restored_slack.py.
-# Out of the default run again until the last one is fixed (about 1 run in 15, under a CPU
-# hog; seed 628748): the old home took a DM thread reply whose event came late in as the
-# thread's history of the next reply, so its answer does not list it (`answers`), and the
-# restored home, given the late event, answers it again. `bash scripts/test -m slow -k restore`
-@pytest.mark.slow
+# Seeds that once found a race here, each fixed and reproduced in process in
+# tests/test_restored_slack.py: 950639 (a thread reply shown unanswered after the restore:
+# the predecessor's answer came after the next reply), 346007 (history of an answered
+# message put behind a waiting one), 628748 (a reply whose event came late, taken in as
+# history by the old home, was not listed by the answer that covered it).
 async def test_a_restored_home_answers_everything_once(store_url, tmp_path, account,
                                                        target_database):
     seed = chaos_seed()
