@@ -25,9 +25,11 @@ _ERRNO_OUTAGE = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ECONN
                  errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
                  errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.ENOTCONN}
 _SQLSTATE_OUTAGE = ("08", "53", "57P", "58")
-# Client-side states of a driver whose connection went away under it.
+# Client-side states of a driver whose connection went away under it (asyncpg's "another
+# operation is in progress": a connection a server restart left in the middle of one).
 _CLOSED_WORDS = ("connection is closed", "connection was closed", "underlying connection",
-                 "the connection is lost", "connection has been released")
+                 "the connection is lost", "connection has been released",
+                 "another operation")
 _DEPTH = 8
 _STORE_MODULES = ("store", "asyncpg", "sqlalchemy", "aiosqlite", "sqlite3")
 

@@ -225,6 +225,19 @@ async def test_what_is_and_is_not_the_stores_outage(pg, tmp_path):
     assert not is_unavailable(full.value)
 
 
+def test_a_connection_left_mid_operation_by_a_restart_is_the_stores_outage():
+    """What asyncpg says of a connection a server restart left in the middle of an
+    operation, seen by the claim loop when SQLAlchemy set up a fresh one during a restart
+    (the full run under load): the server's going away, not a fault of the code."""
+    from asyncpg.exceptions._base import InternalClientError
+    from sqlalchemy.exc import InternalError
+
+    said = InternalClientError("cannot switch to state 11; another operation (2) is in "
+                               "progress")
+    assert is_unavailable(InternalError("show transaction isolation level", (), said))
+    assert not is_unavailable(InternalClientError("unexpected message type"))
+
+
 class Slow(Effect):
     """Takes `seconds`, counting its runs by task."""
 
