@@ -129,7 +129,7 @@ def find_pg_tool(name: str, configured: str = "") -> str:
                               "the server; or set [backup] pg_dump to its path")
 
 
-def _connection(store_url: str) -> dict:
+def pg_connection(store_url: str) -> dict:
     url = make_url(store_url)
     query = dict(url.query)
     host = url.host or query.get("host") or "localhost"
@@ -145,7 +145,7 @@ async def snapshot_postgres(store_url: str, target: Path, pg_dump: str = "") -> 
     import asyncpg
 
     tool = find_pg_tool("pg_dump", pg_dump)
-    c = _connection(store_url)
+    c = pg_connection(store_url)
     settings = {"search_path": c["schema"]} if c["schema"] else {}
     # a server that cannot be reached is the CLI's database error, as for every command
     conn = await asyncpg.connect(host=c["host"], port=c["port"], user=c["user"],

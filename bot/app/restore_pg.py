@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from bot.app.backup_db import DatabaseBackupError, find_pg_tool
+from bot.app.backup_db import DatabaseBackupError, find_pg_tool, pg_connection
+from bot.config import StoreConfig
 
 
 class RestoreTargetError(ValueError):
@@ -30,13 +31,17 @@ def restore_dump(dump: Path, store_url: str, schema: str | None) -> str:
     restored home uses. Raises RestoreError (bot/app/restore.py) with one line."""
     from bot.app.restore import RestoreError
 
-    url = make_url(store_url.replace("postgres://", "postgresql://", 1))
-    if url.get_backend_name() != "postgresql" or not url.database:
+    try:  # the spellings [store] url takes (postgres://, postgresql://, +asyncpg)
+        driver_url = StoreConfig(url=store_url).url
+    except ValueError:
+        driver_url = ""
+    url = make_url(driver_url) if driver_url else None
+    if url is None or url.get_backend_name() != "postgresql" or not url.database:
         raise RestoreError(f"--store-url must name a PostgreSQL database, not {store_url}")
     if url.query.get("schema") and url.query["schema"] != schema:
         raise RestoreError(f"this dump holds schema {schema or 'public'}: it is restored "
                            "under that name; leave ?schema= out of --store-url")
-    where = _where(url)
+    where = pg_connection(driver_url)
     try:
         _check_empty(where, schema)
         _restore(find_pg_tool("pg_restore"), where, dump)
@@ -48,13 +53,6 @@ def restore_dump(dump: Path, store_url: str, schema: str | None) -> str:
     return restored.render_as_string(hide_password=False)
 
 
-def _where(url) -> dict:
-    return {"host": url.host or url.query.get("host") or "localhost",
-            "port": str(url.port or url.query.get("port") or 5432),
-            "user": url.username or os.environ.get("PGUSER") or os.environ.get("USER", ""),
-            "password": url.password, "database": url.database}
-
-
 def _psql_env(where: dict) -> dict:
     env = dict(os.environ)
     if where["password"]:
@@ -63,7 +61,7 @@ def _psql_env(where: dict) -> dict:
 
 
 def _connect_args(where: dict) -> list[str]:
-    return ["--host", where["host"], "--port", where["port"], "--username", where["user"],
+    return ["--host", where["host"], "--port", str(where["port"]), "--username", where["user"],
             "--no-password"]
 
 
@@ -74,7 +72,7 @@ def _check_empty(where: dict, schema: str | None) -> None:
     import asyncpg
 
     async def tables() -> int:
-        conn = await asyncpg.connect(host=where["host"], port=int(where["port"]),
+        conn = await asyncpg.connect(host=where["host"], port=where["port"],
                                      user=where["user"], password=where["password"],
                                      database=where["database"], timeout=30)
         try:
