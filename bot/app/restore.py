@@ -131,11 +131,9 @@ def _own_database(config: Path) -> None:
 def _point_store_at(config: Path, url: str) -> None:
     """A restored home on PostgreSQL uses the database the dump went into (never the old
     one, which may still be running)."""
-    import json as _json
-
     if not config.exists():
         config.write_text("")
-    _set_store_url(config, _json.dumps(url), "restored: the database the backup went into")
+    _set_store_url(config, json.dumps(url), "restored: the database the backup went into")
 
 
 def _store_url_of(config: Path) -> str | None:
