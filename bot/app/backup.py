@@ -150,7 +150,7 @@ def _where(exc: OSError) -> str:
 
 
 def _version() -> str:
-    from bot.app.cli import version
+    from bot.app.installed import version
 
     return version()
 

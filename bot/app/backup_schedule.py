@@ -72,7 +72,7 @@ def _age(seconds: float) -> str:
 
 def backup_status(config, now: float) -> tuple[str, str, str]:
     """Doctor's row: (ok|warn, detail, fix). Blocking (reads the directory)."""
-    from bot.app.doctor_checks import OK, WARN
+    from bot.app.verdicts import OK, WARN
 
     section = config.backup
     every = section.every_seconds
@@ -102,7 +102,7 @@ def backup_status(config, now: float) -> tuple[str, str, str]:
 
 async def backup_check(ctx):
     """`steward doctor`'s row: the age of the last good backup."""
-    from bot.app.doctor_checks import SKIP
+    from bot.app.verdicts import SKIP
 
     if ctx.config is None:
         return SKIP, "the config did not load", ""

@@ -27,16 +27,6 @@ KEY_HELP = "the conversation's key (`steward sessions` lists them)"
 TASK_STATES = ("pending", "running", "waiting", "done", "failed", "interrupted", "blocked")
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("steward")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 class _Version(argparse.Action):
     """`--version`: looked up only when asked (start-up time matters)."""
 
@@ -45,6 +35,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        from bot.app.installed import version
+
         print(f"steward {version()}")
         parser.exit()
 

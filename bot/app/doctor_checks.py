@@ -9,9 +9,9 @@ import stat
 import time
 from pathlib import Path
 
+from bot.app.verdicts import FAIL, OK, SKIP, WARN
 from bot.attachments import size_label
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 CLOCK_TOLERANCE = 30.0  # seconds; Slack refuses requests signed 5 minutes off, and
 # reminders fire by this clock
 
@@ -86,7 +86,7 @@ async def secrets(ctx):
         return skipped
     needed = needed_secrets(ctx.config, ctx.env)
     if ctx.missing:
-        from bot.app.service import env_file
+        from bot.app.secrets_file import path as env_file
 
         names = ", ".join(dict.fromkeys(ctx.missing))
         return (FAIL, f"not set: {names}",
@@ -104,7 +104,7 @@ async def permissions(ctx):
 
 
 def _permissions(home: Path, env) -> tuple[str, str, str]:
-    from bot.app.service import env_file
+    from bot.app.secrets_file import path as env_file
 
     if not home.exists():
         return OK, f"home {home} not created yet (made 0700 at the first start)", ""
@@ -626,9 +626,9 @@ async def clock(ctx):
 
 def describe(exc: BaseException, ctx) -> str:
     """One line for an exception that ended a check."""
-    from bot.app.commands import _database_problem
+    from bot.app.problems import database_problem
 
-    said = _database_problem(exc, ctx.config)
+    said = database_problem(exc, ctx.config)
     if said is not None:
         return said
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -445,7 +445,7 @@ def _publish(out: _Out, scratch: Path, target: Path) -> None:
 
 async def export_command(config, args) -> int:
     """The CLI command: `args.session`, `args.person`, `args.to`, `args.json`."""
-    from bot.app.cli import version
+    from bot.app.installed import version
     from bot.app.opened import opened_store
 
     target = await asyncio.to_thread(

@@ -41,15 +41,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot.app.errors import RestoreError
 from bot.home import make_private, write_private
 
 RESTORED = "restored.json"
 RECONCILE_HOURS = 1.0  # after the first start: every delivery asks the channel first
 MARGIN_HOURS = 1.0  # the Slack catch-up reaches this much before the snapshot
-
-
-class RestoreError(Exception):
-    """A restore that cannot be done; its message is the one line the user sees."""
 
 
 @dataclass(frozen=True)

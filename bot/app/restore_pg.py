@@ -28,8 +28,8 @@ class RestoreTargetError(ValueError):
 
 def restore_dump(dump: Path, store_url: str, schema: str | None) -> str:
     """Restore `dump` into the empty database of `store_url` (blocking); the URL the
-    restored home uses. Raises RestoreError (bot/app/restore.py) with one line."""
-    from bot.app.restore import RestoreError
+    restored home uses. Raises RestoreError with one line."""
+    from bot.app.errors import RestoreError
 
     try:  # the spellings [store] url takes (postgres://, postgresql://, +asyncpg)
         driver_url = StoreConfig(url=store_url).url
