@@ -118,7 +118,6 @@ class StoreConfig(Section):
 # every start; "demo" is "scripted", the offline model. `steward init` offers these names.
 PROVIDERS = ("auto", "openai", "anthropic", "ollama", "llamacpp", "compatible", "demo",
              "scripted")
-LOCAL_PROVIDERS = ("ollama", "llamacpp", "compatible")
 MIN_OUTPUT_TOKENS = 256
 
 
@@ -181,10 +180,6 @@ class LLMConfig(Section):
             self._learned_window = int(context_tokens)
         if tools is not None:
             self._takes_tools = tools
-
-    @property
-    def learned_window(self) -> int | None:
-        return self._learned_window
 
     @property
     def window(self) -> int:

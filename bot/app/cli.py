@@ -34,7 +34,7 @@ class _Version(argparse.Action):
                  help=None):  # noqa: A002 - argparse's own keyword
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser, namespace, values, _option_string=None):
         from bot.app.installed import version
 
         print(f"steward {version()}")

@@ -32,10 +32,6 @@ class Notifier:
     def active(self) -> bool:
         return self._address is not None
 
-    @property
-    def watchdog(self) -> bool:
-        return self.active and self._every is not None
-
     def send(self, message: str) -> None:
         if self._address is None:
             return

@@ -38,9 +38,6 @@ class Progress:
         self._bar = None  # the rich display, made at the first redraw
         self._task = None
 
-    def elapsed(self) -> float:
-        return self.clock() - self.started
-
     def update(self, *, read: int, added: int, bad: int, position: int,
                total: int | None) -> None:
         if not self.interactive:

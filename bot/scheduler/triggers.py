@@ -136,9 +136,5 @@ def latest_due(trigger: BaseTrigger, due: datetime, now: datetime) -> tuple[date
     return latest, count
 
 
-def to_ts(moment: datetime) -> float:
-    return moment.timestamp()
-
-
 def from_ts(ts: float, timezone: str) -> datetime:
     return datetime.fromtimestamp(ts, UTC).astimezone(ZoneInfo(timezone))
