@@ -31,7 +31,12 @@ async def steward(home, *args, cwd=None, env=None):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", *args, env=env or steward_env(home), cwd=cwd or home,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    except TimeoutError:
+        proc.kill()  # a command that should have ended must not outlive the test
+        await proc.wait()
+        raise
     return proc.returncode, out.decode(), err.decode()
 
 

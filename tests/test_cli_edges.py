@@ -50,7 +50,7 @@ LISTINGS = {"sessions": "no conversations yet", "tasks": "no tasks",
             "quarantine": "nothing quarantined", "usage": "no model calls in the last 30 days",
             "facts": "no facts kept"}
 NAMED = (["log", "cli:default"], ["search", "hello"], ["doc", "cli:default", "todo"],
-         ["context", "cli:default"], ["export", "--to", "out"])
+         ["context", "cli:default"], ["export", "--to", "out"], ["web", "--port", "0"])
 
 
 async def test_reading_a_home_with_no_database_says_so_and_creates_nothing(home, tmp_path):

@@ -438,7 +438,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
 # Commands that only read the store: on a home with no database yet they create none.
 # The listings list nothing (and say why on stderr); the others have nothing to show.
 LISTINGS = ("sessions", "tasks", "schedules", "quarantine", "usage", "facts")
-READ_ONLY = (*LISTINGS, "log", "search", "doc", "context", "export")
+READ_ONLY = (*LISTINGS, "log", "search", "doc", "context", "export", "web")
 
 
 def _say_no_database(config, args) -> None:
