@@ -20,6 +20,7 @@ from store.engine import Engines
 from store.leader import Leader
 from store.outage import is_unavailable
 from store.parents import Parents
+from store.postgres import step_function
 from store.records import CommitResult, Task, now
 from store.writes import Claim, Writes
 
@@ -61,7 +62,7 @@ class PostgresBackend:
             parent = parents.get(writes.task_update and writes.task_update.task_id)
             blocked: list[tuple[str, str]] = []
             async with (await self.engines.pool()).acquire() as conn:
-                result = await _steps.on_postgres(
+                result = await step_function.on_postgres(
                     conn, writes, now(), parent, then_claim,
                     lambda task_id, reason: blocked.append((task_id, reason)))
                 for task_id, reason in blocked:
