@@ -139,7 +139,7 @@ async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
         return (await conn.execute(text("SELECT pg_backend_pid()"))).scalar()
 
     pid = await store._read(backend)  # the lookup connection now idle in the pool
-    async with store._engines.write.connect() as conn:
+    async with store.engines.write.connect() as conn:
         assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                 ).scalar()
     assert await store._read(backend) != pid
@@ -154,7 +154,7 @@ async def test_a_lookup_whose_connection_the_server_dropped_is_sent_again(store)
         return (await conn.execute("SELECT pg_backend_pid() AS pid")).scalar()
 
     pid = await store._lookup(backend)  # its connection now idle in the hot pool
-    async with store._engines.write.connect() as conn:
+    async with store.engines.write.connect() as conn:
         assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                 ).scalar()
     assert (await store.get_conversation("k")).key == "k"
