@@ -9,7 +9,6 @@ from sqlalchemy import func, insert, select
 from store import commit as _commit
 from store import inbound as _inbound
 from store import leader as _leader
-from store import reads as _reads
 from store import schedules as _schedules
 from store import tasks as _tasks
 from store.backend import Backend, backend_for
@@ -17,6 +16,7 @@ from store.documents import versions as _versions
 from store.engine import Engines, Upgrade, create_engines, migrate
 from store.errors import NotFound
 from store.parents import Parents
+from store.read import queries as _reads
 from store.records import (
     RUNNING,
     CommitResult,
@@ -153,8 +153,8 @@ class Store:
         return await self._backend.read(fn)
 
     async def _lookup(self, fn):
-        """`await fn(conn)` with `conn` a `store.plain.TextConnection` straight on the
-        driver, for the text SQL of store/reads.py."""
+        """`await fn(conn)` with `conn` a `store.read.plain.TextConnection` straight on the
+        driver, for the text SQL of store/read/queries.py."""
         return await self._backend.lookup(fn)
 
     async def _first(self, statement):
@@ -172,7 +172,7 @@ class Store:
 
 
     def reading(self):
-        """A read connection, for the text SQL of store/reads.py, search.py, vectors.py."""
+        """A read connection, for the text SQL of store/read/queries.py, search.py, vectors.py."""
         return self._backend.engines.read.connect()
 
     async def get_conversation(self, key: str) -> Conversation:

@@ -100,7 +100,7 @@ class PostgresBackend:
         connection the server dropped is sent again once, on a new one."""
         import asyncpg
 
-        from store.lookups import AsyncpgText
+        from store.read.asyncpg_text import AsyncpgText
 
         pool = await self.engines.pool()
         try:
