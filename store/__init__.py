@@ -42,7 +42,7 @@ __all__ = [
     "is_refused", "is_unavailable", "new_id", "open_store",
 ]
 
-# The rest only when asked for: the reading commands use store.reader, which needs only
+# The rest only when asked for: the reading commands use store.read.reader, which needs only
 # the records, the SQL and the standard library; `sessions` and `log` neither write nor
 # search (the store itself brings SQLAlchemy; the search's patterns take 12 ms to compile).
 _LAZY = {"Store": "store.store", "conversation_namespace": "store.store",

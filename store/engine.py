@@ -13,7 +13,7 @@ tightened to 0600 on open.
 The store's own write transactions on SQLite run on one thread that owns a connection of
 its own (`store/writer.py`, with group commit); the write engine here serves migrations and
 the few writers outside the store. Its reads run on reader threads of their own
-(`store/read_pool.py`), one hop each; the read engine serves the rest.
+(`store/read/pool.py`), one hop each; the read engine serves the rest.
 
 PostgreSQL (asyncpg): an engine for reads (each connection pinged before use), one for the
 store's own lookups (autocommitted, never pinged), and one for writes (never pinged: a dead
@@ -40,7 +40,7 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from store import revision
 from store.errors import NewerSchema, SnapshotFailed, StoreError
 from store.outage import is_unavailable
-from store.read_pool import SqliteReaders
+from store.read.pool import SqliteReaders
 from store.wal_guard import Marks
 from store.writer import SqliteWriter
 
@@ -183,7 +183,7 @@ def _writer_connection(path: str) -> sqlite3.Connection:
 
 
 def _reader_connection(path: str) -> sqlite3.Connection:
-    """A reader thread's connection (store/read_pool.py), which may never write."""
+    """A reader thread's connection (store/read/pool.py), which may never write."""
     conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout=30000")
     conn.execute("PRAGMA query_only=ON")

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from store.errors import CorruptRow
-from store.plain import run
-from store.reads import CONVERSATION, ENTRY, lineage, visible_in
+from store.read.plain import run
+from store.read.queries import CONVERSATION, ENTRY, lineage, visible_in
 from store.records import Conversation, Entry, conversation_from_row, storable
 from store.records import loads as _loads
 

@@ -80,12 +80,13 @@ _CLAIM_SQLITE_JSON = _CLAIM_SQLITE.format(
 # sequential scan of the whole table while it was small enough for the planner's guess of
 # ten ids to favour one: 0.5 ms of a 1 ms step at 4,000 tasks.
 _PICKED = "(SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT {limit}) AS picked"
-CLAIM_PG = f"""
-WITH expired AS ({_EXPIRED} FOR UPDATE SKIP LOCKED), due AS ({_DUE} FOR UPDATE SKIP LOCKED)
-UPDATE tasks SET {_SET_CLAIMED}{_SET_RIDES.format(rides=_RIDES_PG)}
+CLAIM_PG_WITH = (f"expired AS ({_EXPIRED} FOR UPDATE SKIP LOCKED), "
+                 f"due AS ({_DUE} FOR UPDATE SKIP LOCKED)")
+CLAIM_PG_UPDATE = f"""UPDATE tasks SET {_SET_CLAIMED}{_SET_RIDES.format(rides=_RIDES_PG)}
 FROM {_PICKED.format(limit="?4")}
 WHERE tasks.id = picked.id
 RETURNING tasks.*"""
+CLAIM_PG = f"\nWITH {CLAIM_PG_WITH}\n{CLAIM_PG_UPDATE}"
 
 # ?1 id, ?2 owner, ?3 state, ?4 phase, ?5 checkpoint, ?6 result, ?7 error, ?8 wait mode,
 # ?9 run_after, ?10 now, ?11 keep the lease, ?12 attempts (NULL: as they are),

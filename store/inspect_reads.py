@@ -1,12 +1,12 @@
 """Reads for the inspector's health view (`steward web`): what went wrong lately, as text
-SQL on a reading connection (`Store.reading()` or a `Reader`'s), like store/reads.py.
+SQL on a reading connection (`Store.reading()` or a `Reader`'s), like store/read/queries.py.
 
 Tasks have no index on `updated_at` (the claim's indexes hold live work only), so the
 errors of a day are found among the tasks made in the last `lookback` seconds: task ids
 are ULIDs, time-sortable, so that is a primary-key range, however long the history. A
 task older than that which failed today is missed: its conversation still shows it."""
 
-from store.plain import run
+from store.read.plain import run
 from store.records import Task, storable, task_from_row
 
 _B32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32, as store.records.new_id

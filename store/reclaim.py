@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store import vector_index
-from store.plain import run
+from store.read.plain import run
 
 log = logging.getLogger(__name__)
 

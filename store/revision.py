@@ -7,7 +7,7 @@ new) goes through `migrate`. `tests/test_cli_startup.py` keeps `HEAD` equal to t
 of `store/migrations/versions/`: a new migration fails that test until `HEAD` names it.
 """
 
-HEAD = "0017"
+HEAD = "0018"
 
 
 async def current(engines) -> str | None:

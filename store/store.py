@@ -1,28 +1,22 @@
 """`Store`: the one entry point to durable state. Open it with `open_store(url)`."""
 
-import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import func, insert, select
 
 from store import commit as _commit
-from store import hotpath as _hot
 from store import inbound as _inbound
 from store import leader as _leader
-from store import liveness as _liveness
-from store import reads as _reads
 from store import schedules as _schedules
-from store import steps as _steps
 from store import tasks as _tasks
-from store import wal_guard
+from store.backend import Backend, backend_for
 from store.documents import versions as _versions
 from store.engine import Engines, Upgrade, create_engines, migrate
 from store.errors import NotFound
-from store.outage import is_unavailable
+from store.parents import Parents
+from store.read import queries as _reads
 from store.records import (
     RUNNING,
     CommitResult,
@@ -44,15 +38,8 @@ from store.writes import Claim, Writes
 
 log = logging.getLogger(__name__)
 
-_PARENTS_KEPT = 100_000  # claimed tasks' parents remembered (PostgreSQL's fast path)
 _CONVERSATIONS_KNOWN = 10_000  # by id, for `known_conversation`
 _KNOWN_PER_QUERY = 500  # well under SQLite's bound-parameter limit
-# One index probe per id on PostgreSQL: a plain `IN (...)` is planned from statistics, and
-# on a never-analyzed table (a fresh import, autovacuum off) it filters the whole channel.
-_PG_KNOWN = text(
-    "SELECT x.id FROM unnest(CAST(:ids AS text[])) AS x(id) CROSS JOIN LATERAL "
-    "(SELECT 1 FROM submissions s WHERE s.channel = :channel AND s.external_id = x.id "
-    "LIMIT 1) AS hit")
 
 
 def conversation_namespace(conversation_id: int) -> str:
@@ -69,139 +56,75 @@ async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | Non
     `snapshot_dir` before it is migrated (store/snapshot.py; default: `snapshots/` beside
     an SQLite file, none for PostgreSQL, whose callers in Steward always name one), unless
     `snapshot` is False (the owner backed it up); `Store.upgrade` says what was done."""
-    engines = create_engines(url)
+    backend = backend_for(create_engines(url))
     try:
-        if engines.sqlite_file is not None:
-            await asyncio.to_thread(wal_guard.verify, engines.sqlite_file)
+        await backend.opening()
         upgrade_done = None
-        if upgrade and not await at_head(engines):  # at head: Alembic is not even loaded
-            if snapshot_dir is None and engines.sqlite_file is not None:
-                snapshot_dir = engines.sqlite_file.parent / "snapshots"
-            upgrade_done = await migrate(engines, snapshot_dir=snapshot_dir if snapshot else None)
+        if upgrade and not await at_head(backend.engines):  # at head: no Alembic loaded
+            if snapshot_dir is None:
+                snapshot_dir = backend.snapshot_dir()
+            upgrade_done = await migrate(backend.engines,
+                                         snapshot_dir=snapshot_dir if snapshot else None)
     except BaseException:
-        await engines.dispose()
+        await backend.close()
         raise
-    store = Store(engines)
+    store = Store(backend)
     store.upgrade = upgrade_done
     return store
 
 
 class Store:
-    def __init__(self, engines: Engines):
-        self._engines = engines
-        self.dialect = engines.dialect
+    """The facade: what the store does, on whichever database. Everything that differs
+    between databases is behind `self._backend` (store/backend.py), never asked here."""
+
+    def __init__(self, backend: "Backend | Engines"):
+        if isinstance(backend, Engines):
+            backend = backend_for(backend)
+        self._backend = backend
+        self._engines = backend.engines  # kept for callers outside the store (bot/memory)
+        self.dialect = backend.dialect
         self.upgrade: Upgrade | None = None  # what `open_store` migrated, if anything
-        self._liveness: dict = {}  # runner owner -> the connection holding its liveness lock
-        self._writer = engines.writer  # SQLite: every write transaction of the store
-        self._readers = engines.readers  # SQLite: the store's own reads
-        # The parent of each task this store claimed (None: it has none), so a result that
-        # wakes no parent can be one statement on PostgreSQL, and on SQLite one that need
-        # not read the parent back. Parents never change.
-        self._parents: dict[str, str | None] = {}
+        self._writer = backend.engines.writer  # SQLite: every write transaction
+        self._parents = Parents()
         # Each conversation as last read here (`known_conversation`).
         self._known: dict[int, Conversation] = {}
 
     @property
+    def engines(self) -> Engines:
+        """The engines underneath, for tests and tools that inspect the database itself
+        (`engines.read`, `engines.write`, `await engines.pool()`)."""
+        return self._backend.engines
+
+    @property
     def single_node(self) -> bool:
-        """SQLite is one machine; a file lock in the home dir then tells whether a runner is
+        """One machine (SQLite); a file lock in the home dir then tells whether a runner is
         the only one (see bot.runtime)."""
-        return self.dialect == "sqlite"
+        return self._backend.single_node
 
     async def close(self) -> None:
-        for conn in self._liveness.values():
-            await conn.close()
-        self._liveness.clear()
-        await self._engines.dispose()
+        await self._backend.close()
 
     # -- the one commit ----------------------------------------------------------------
 
     async def commit(self, writes: Writes, *, then_claim: Claim | None = None) -> CommitResult:
         """Everything in `writes` lands in one transaction, or nothing does. With
-        `then_claim`, the tasks it leases are in `CommitResult.claimed`: on SQLite taken
-        in the same transaction (one fsync for a result and the next task), elsewhere
-        right after it; a step that is not applied claims nothing."""
-        if self._writer is not None:
-            return await self._sqlite_commit(writes, then_claim)
-        update = _hot.lone_update(writes)
+        `then_claim`, the tasks it leases are in `CommitResult.claimed`: taken in the same
+        transaction or call where the backend can (one fsync for a result and the next
+        task), else right after it; a step that is not applied claims nothing."""
         try:
-            if then_claim is not None and update is not None \
-                    and _hot.pg_fits(update, self._parents.get(update.task_id, "?") is None):
-                async with (await self._engines.pool()).acquire() as conn:
-                    claimed = await _hot.pg_update_then_claim(conn, update, then_claim, now())
-                if update.state != RUNNING:
-                    self._parents.pop(update.task_id, None)
-                self._remember_parents(claimed)
-                return CommitResult(claimed=claimed)
-            if update is not None and await self._fast_update(update):
-                result = CommitResult()
-            elif _steps.fits(writes):
-                parent = "?" if writes.task_update is None else self._parents.get(
-                    writes.task_update.task_id, "?")
-                blocked: list[tuple[str, str]] = []
-                async with (await self._engines.pool()).acquire() as conn:
-                    result = await _steps.on_postgres(
-                        conn, writes, now(), parent, then_claim,
-                        lambda task_id, reason: blocked.append((task_id, reason)))
-                    for task_id, reason in blocked:
-                        await conn.execute(_hot.BLOCK_ASYNCPG, task_id, reason, now())
-                then_claim = None  # claimed in the same call
-            else:
-                result = await self._write(lambda conn: _commit.apply(conn, self.dialect,
-                                                                      writes))
+            result = await self._backend.commit(writes, then_claim, self._parents)
         except _commit.DuplicateSubmission as dup:
             log.debug("duplicate submission %s: step not applied", dup)
             return CommitResult(duplicate=True)
         if writes.task_update is not None and writes.task_update.state != RUNNING:
-            self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
-        if then_claim is not None:
-            result.claimed = await self.claim(then_claim)
-        else:
-            self._remember_parents(result.claimed)
-        return result
-
-    async def _sqlite_commit(self, writes: Writes, then_claim: Claim | None) -> CommitResult:
-        u = writes.task_update
-        parent = "?" if u is None else self._parents.get(u.task_id, "?")
-        common = _steps.fits(writes)
-
-        def job(s):
-            t = now()
-            if common:
-                result = _steps.on_sqlite(s.raw, _steps.plan(writes, t, parent))
-            else:
-                result = s.inline(lambda conn: _commit.apply(conn, self.dialect, writes))
-            if then_claim is not None:  # its own clock: what the step spawned is due
-                result.claimed = _hot.sqlite_claim(s.raw, then_claim, now())
-            return result
-
-        try:
-            result = await self._writer.run(job)
-        except _commit.DuplicateSubmission as dup:
-            log.debug("duplicate submission %s: step not applied", dup)
-            return CommitResult(duplicate=True)
-        if writes.task_update is not None and writes.task_update.state != RUNNING:
-            self._parents.pop(writes.task_update.task_id, None)  # its lease is given up
+            self._parents.forget(writes.task_update.task_id)  # its lease is given up
         if result.claimed:
-            self._remember_parents(result.claimed)
+            self._parents.remember(result.claimed)
         return result
-
-    async def _fast_update(self, u) -> bool:
-        """A step that only moves its task on, as the hot path's fixed statements (one
-        round trip); False when it needs the general commit."""
-        parent = self._parents.get(u.task_id, "?")
-        if not _hot.pg_fits(u, parent is None):
-            return False
-        async with (await self._engines.pool()).acquire() as conn:
-            await _hot.pg_update(conn, u, now())
-        return True
 
     async def _write(self, fn):
-        """`await fn(conn)` in one write transaction: on SQLite's writer thread (grouped
-        with others), else in a transaction of the write engine."""
-        if self._writer is not None:
-            return await self._writer.run(lambda s: s.inline(fn))
-        async with self._engines.write.begin() as conn:
-            return await fn(conn)
+        """`await fn(conn)` in one write transaction."""
+        return await self._backend.write(fn)
 
     # -- conversations and entries -----------------------------------------------------
 
@@ -226,47 +149,13 @@ class Store:
         return await self._write(ensure)
 
     async def _read(self, fn):
-        """`await fn(conn)` on a read connection: on SQLite one hop to a reader thread,
-        where it runs whole (`store/read_pool.py`; `fn` awaits only `conn.execute`), on
-        PostgreSQL a lookup connection (store/engine.py), autocommitted."""
-        if self._readers is not None:
-            return await self._readers.run(fn)
-        engine = self._engines.lookups or self._engines.read
-        try:
-            async with engine.connect() as conn:
-                return await fn(conn)
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            # A pooled connection the server dropped (a restart, a broken network), and
-            # with it the pool's others: a read is safe to send again, on a new one.
-            log.info("store: a read's connection was gone; reading again")
-        async with engine.connect() as conn:
-            return await fn(conn)
+        """`await fn(conn)` on a read connection (SQLAlchemy)."""
+        return await self._backend.read(fn)
 
     async def _lookup(self, fn):
-        """`await fn(conn)` with `conn` a `store.plain.TextConnection` straight on the
-        driver, for the text SQL of store/reads.py: on SQLite a reader thread's
-        connection, as `_read`; on PostgreSQL a hot-path asyncpg connection, one round
-        trip a statement, and a read whose connection the server dropped is sent again
-        once, on a new one."""
-        if self._readers is not None:
-            return await self._readers.run(fn, text=True)
-        import asyncpg
-
-        from store.lookups import AsyncpgText
-
-        pool = await self._engines.pool()
-        try:
-            async with pool.acquire() as conn:
-                return await fn(AsyncpgText(conn))
-        except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-                asyncpg.PostgresConnectionError, asyncpg.AdminShutdownError):
-            # Gone (a restart, a broken network, a terminated backend), and left by the
-            # pool (HotPool keeps a connection only after a statement the server refused).
-            log.info("store: a lookup's connection was gone; reading again")
-        async with pool.acquire() as conn:
-            return await fn(AsyncpgText(conn))
+        """`await fn(conn)` with `conn` a `store.read.plain.TextConnection` straight on the
+        driver, for the text SQL of store/read/queries.py."""
+        return await self._backend.lookup(fn)
 
     async def _first(self, statement):
         """The first row `statement` reads, or None."""
@@ -283,8 +172,8 @@ class Store:
 
 
     def reading(self):
-        """A read connection, for the text SQL of store/reads.py, search.py, vectors.py."""
-        return self._engines.read.connect()
+        """A read connection, for the text SQL of store/read/queries.py, search.py, vectors.py."""
+        return self._backend.engines.read.connect()
 
     async def get_conversation(self, key: str) -> Conversation:
         return await self._lookup(lambda conn: _reads.conversation(conn, key))
@@ -385,26 +274,16 @@ class Store:
 
     async def claim(self, c: Claim) -> list[Task]:
         """Lease ready tasks as `c` says (store.writes.Claim)."""
-        if self._writer is not None:
-            claimed = await self._writer.run(lambda s: _hot.sqlite_claim(s.raw, c, now()))
-            self._remember_parents(claimed)
-            return claimed
-        async with (await self._engines.pool()).acquire() as conn:
-            claimed = await _hot.pg_claim(conn, c, now())
-        self._remember_parents(claimed)
+        claimed = await self._backend.claim(c)
+        self._parents.remember(claimed)
         return claimed
-
-    def _remember_parents(self, claimed: list[Task]) -> None:
-        if len(self._parents) > _PARENTS_KEPT:  # leases lost long ago: start afresh
-            self._parents.clear()
-        self._parents.update((t.id, t.parent_id) for t in claimed)
 
     async def release_tasks(self, owner: str, task_ids: list[str], *,
                             run_after: float = 0.0, claim: Claim | None = None) -> int:
         """Hand claimed tasks back untouched (nothing counted against them), due at
         `run_after`; an intent that rode on `claim` is taken back with them."""
         for task_id in task_ids:
-            self._parents.pop(task_id, None)
+            self._parents.forget(task_id)
         ride = claim.ride if claim is not None and claim.intent_kinds else None
         return await self._write(lambda conn: _tasks.release(conn, owner, task_ids, run_after,
                                                              ride))
@@ -430,18 +309,13 @@ class Store:
 
     def leader(self, name: str, *, poll_seconds: float = 2.0) -> _leader.Leader:
         """Leadership of `name` among the workers on this store (store/leader.py)."""
-        # Advisory locks are per database, stores per schema: the schema is in the name.
-        where = self._engines.pg_settings.get("search_path", "public")
-        return _leader.Leader(self._engines.write if self.dialect == "postgresql" else None,
-                              f"{where}/{name}", poll_seconds=poll_seconds)
+        return self._backend.leader(name, poll_seconds)
 
     async def take_over_dead(self, owners: list[str] | None = None) -> int:
         """Running tasks of workers that died (their liveness lock is free: all such, or
         those of `owners` found so) go back to pending at once, a death counted for each
-        (PostgreSQL; 0 on SQLite)."""
-        if self.dialect != "postgresql":
-            return 0
-        dead = await self._dead_owners()
+        (none where there is one node)."""
+        dead = await self._backend.dead_owners()
         if owners is not None:
             dead = [o for o in dead if o in owners]
         if not dead:
@@ -451,41 +325,16 @@ class Store:
 
     async def dead_workers(self) -> list[str]:
         """Owners of running tasks whose liveness lock is free now (PostgreSQL)."""
-        return await self._dead_owners() if self.dialect == "postgresql" else []
-
-    async def _dead_owners(self) -> list[str]:
-        """PostgreSQL: owners of running tasks whose liveness lock is free."""
-        async with self._engines.write.connect() as conn:
-            dead = await _liveness.dead(conn, await _tasks.running_owners(conn))
-            await conn.commit()
-        return dead
+        return await self._backend.dead_owners()
 
     async def announce_worker(self, owner: str) -> None:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`; once
         it is, check the lock is still held, and take it again if its connection died
         with the server (a restart drops every session lock)."""
-        if self.dialect != "postgresql":
-            return
-        held = self._liveness.get(owner)
-        if held is not None:
-            try:
-                await held.execute(text("SELECT 1"))
-                await held.commit()
-                return
-            except DBAPIError as exc:
-                if not is_unavailable(exc):
-                    raise
-                log.warning("store: this worker's liveness lock went with its connection "
-                            "(%s); taking it again", type(exc).__name__)
-                del self._liveness[owner]
-                with contextlib.suppress(Exception):
-                    await held.close()
-        self._liveness[owner] = await _liveness.hold(self._engines.write, owner)
+        await self._backend.announce_worker(owner)
 
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
-        dead: list[str] = []
-        if not steal_all and self.dialect == "postgresql":
-            dead = await self._dead_owners()
+        dead = [] if steal_all else await self._backend.dead_owners()
         return await self._write(lambda conn: _tasks.recover(
             conn, steal_all=steal_all, dead_owners=dead, registered_kinds=registered_kinds))
 
@@ -535,12 +384,7 @@ class Store:
             found: set[str] = set()
             for i in range(0, len(ids), _KNOWN_PER_QUERY):
                 part = ids[i:i + _KNOWN_PER_QUERY]
-                if self.dialect == "postgresql":
-                    rows = await conn.execute(_PG_KNOWN, {"ids": part, "channel": channel})
-                else:
-                    rows = await conn.execute(select(submissions.c.external_id).where(
-                        submissions.c.channel == channel,
-                        submissions.c.external_id.in_(part)))
+                rows = await conn.execute(*self._backend.known_statement(channel, part))
                 found.update(stored[r[0]] for r in rows)
             return found
 

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from store.plain import InlineSqlite
+from store.read.plain import InlineSqlite
 from store.wal_guard import Marks
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Session:
         self._engine = engine
         self._sa = engine.connect()
         self.conn = InlineConnection(self._sa)
-        self.text = InlineSqlite(raw)  # text SQL straight on the driver (store/reads.py)
+        self.text = InlineSqlite(raw)  # text SQL straight on the driver (store/read/queries.py)
 
     def inline(self, fn: Callable[[InlineConnection], Coroutine]) -> Any:
         return run_inline(fn(self.conn))

@@ -243,7 +243,7 @@ async def test_every_attempt_goes_to_the_ledger(make_agent):
     agent = make_agent(model)
     await agent.say("hello")
     await agent.run()
-    async with agent.store._engines.read.connect() as conn:
+    async with agent.store.engines.read.connect() as conn:
         from sqlalchemy import select
 
         from store.schema import usage
@@ -281,7 +281,7 @@ async def test_a_provider_error_reaches_the_person_short_and_without_its_text(ma
     # Nor is it kept: the call's result and the ledger (both shown by the inspector).
     [call] = await agent.store.list_tasks(kind="llm_call")
     assert "Incorrect API key" in call.result["error"] and "sk-proj" not in call.result["error"]
-    async with agent.store._engines.read.connect() as conn:
+    async with agent.store.engines.read.connect() as conn:
         from sqlalchemy import select
 
         from store.schema import usage as ledger
@@ -300,7 +300,7 @@ async def test_the_ledger_prices_each_call(make_agent):
     await agent.run()
     await agent.say("more")
     await agent.run()
-    async with agent.store._engines.read.connect() as conn:
+    async with agent.store.engines.read.connect() as conn:
         from sqlalchemy import select
 
         from store.schema import usage as ledger

@@ -91,7 +91,7 @@ async def test_the_report_adds_up_by_person_model_and_day(store):
     from sqlalchemy import update
 
     from store.schema import usage
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         for _, _, at, cost in rows:
             await conn.execute(update(usage).where(usage.c.cost_usd == cost)
                                .values(created_at=at))

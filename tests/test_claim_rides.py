@@ -47,7 +47,7 @@ async def test_a_result_commit_claims_the_task_that_takes_its_slot(store):
 async def test_a_step_that_is_not_applied_claims_nothing(store):
     first, second = await _spawn(store, "q", "q")
     await store.claim_tasks("me", 1, 30)
-    async with store._engines.write.begin() as conn:  # another worker took it over
+    async with store.engines.write.begin() as conn:  # another worker took it over
         await conn.execute(update(tasks).where(tasks.c.id == first).values(lease_owner="w2"))
     try:
         await store.commit(_done(first, "me"), then_claim=Claim("me", 1, 30))
@@ -60,7 +60,7 @@ async def test_a_step_that_is_not_applied_claims_nothing(store):
 
 async def test_an_intent_rides_on_the_claim_and_goes_back_with_a_release(store):
     fresh, other, begun, suspect = await _spawn(store, "u", "s", "u", "u")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         # One already past its first phase; one that died twice under a lease nobody holds.
         await conn.execute(update(tasks).where(tasks.c.id == begun).values(
             phase="effect", checkpoint='{"claim":"old"}'))
@@ -138,7 +138,7 @@ async def test_a_riding_intent_handed_back_with_a_suspect_is_taken_back(store):
     started would be reported cut off."""
     unsafe = Counted("unsafe", Policy.UNSAFE)
     fresh, suspect = await _spawn(store, "unsafe", "unsafe")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id == suspect).values(
             state=RUNNING, lease_owner="dead", lease_expires=0.0, crashes=2,
             crashed_since=0.0))

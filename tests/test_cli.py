@@ -289,7 +289,7 @@ async def test_resume_waits_for_a_retry_due_shortly(home):
     accepted = await submit_message(store, channel="cli", external_ids=["later"],
                                     conversation_key="cli:later", text="answer me later",
                                     author="you")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id == accepted.turn_id)
                            .values(run_after=time.time() + 8, attempts=1))
     await store.close()
@@ -341,7 +341,7 @@ async def test_resume_exits_while_a_queue_waits_behind_a_long_backoff(home):
                                  conversation_key="cli:queue", text="first", author="you")
     await submit_message(store, channel="cli", external_ids=["two"],
                          conversation_key="cli:queue", text="second", author="you")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id == first.turn_id)
                            .values(run_after=time.time() + 3600, attempts=1))
     await store.close()

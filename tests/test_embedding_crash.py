@@ -133,7 +133,7 @@ async def killed_resume(home: Path, provider: KillingEmbeddings, point: str) -> 
 async def embedded_state(store_url: str, model: str) -> dict:
     store = await open_store(store_url)
     try:
-        async with store._engines.read.connect() as conn:
+        async with store.engines.read.connect() as conn:
             one = lambda sql: conn.scalar(text(sql))  # noqa: E731
             entries = await conn.execute(text(
                 "SELECT id, author, text FROM entries WHERE kind IN ('user', 'assistant', "
@@ -170,7 +170,7 @@ async def where_it_died(store_url: str) -> tuple[int, bool]:
     """Vectors stored by the killed lives, and whether the task's cursor covers them all."""
     store = await open_store(store_url)
     try:
-        async with store._engines.read.connect() as conn:
+        async with store.engines.read.connect() as conn:
             count = await conn.scalar(text("SELECT count(*) FROM entry_vectors"))
             last = await conn.scalar(text("SELECT max(entry_id) FROM entry_vectors"))
         (task,) = await store.list_tasks(kind=EMBED)

@@ -54,13 +54,13 @@ async def said(store, key, rows, *, owner="me", scope=None, kind="user"):
 
 
 async def vector_rows(store):
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return (await conn.execute(text(
             "SELECT entry_id, vec IS NULL FROM entry_vectors ORDER BY entry_id"))).all()
 
 
 async def searchable_ids(store):
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return [r[0] for r in await conn.execute(text(
             "SELECT id FROM entries WHERE kind IN ('user', 'assistant', 'tool_result', "
             "'compaction') AND text != '' ORDER BY id"))]
@@ -90,7 +90,7 @@ async def test_every_searchable_entry_is_embedded_once_in_batches(store, provide
     # new entries (an import, a live turn) are picked up by the same task
     await said(store, "cli:a", [("Anna", "one more")])
     task = (await store.list_tasks(kind=EMBED))[0]
-    async with store._engines.write.begin() as conn:  # its sleep is over
+    async with store.engines.write.begin() as conn:  # its sleep is over
         await conn.execute(text("UPDATE tasks SET run_after = 0 WHERE id = :i"), {"i": task.id})
     await embed_until_idle(store, embedder)
     assert len(await vector_rows(store)) == 11 and fake.requests == 4
@@ -115,7 +115,7 @@ async def test_a_repeated_batch_changes_nothing(store, provider):
     fake, embedder = provider
     await said(store, "cli:a", [("Anna", f"message {i}") for i in range(3)])
     ids = await searchable_ids(store)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await _vectors.put(conn, store.dialect, embedder.model,
                            [(ids[0], 1, _vectors.pack([1.0, 0.0]))])
         await _vectors.put(conn, store.dialect, embedder.model,

@@ -318,7 +318,7 @@ async def test_an_entry_with_corrupt_data_is_exported_without_it(store, tmp_path
     home = tmp_path / "home"
     await populate(store, home)
     bob = await store.get_conversation("cli:bob")
-    async with store._engines.write.begin() as conn:  # a row damaged on disk
+    async with store.engines.write.begin() as conn:  # a row damaged on disk
         await conn.execute(update(entries).where(entries.c.conversation_id == bob.id,
                                                  entries.c.seq == 1).values(data="{not json"))
     report = await export_home(store, BlobStore.of_home(home), tmp_path / "out",

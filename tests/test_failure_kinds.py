@@ -102,7 +102,7 @@ async def test_a_tasks_own_fail_is_a_fault_and_an_interrupted_effect_says_so(sto
     assert (await store.get_task(gave_up)).failure == "fault"
     # An unsafe effect whose intent a process that died committed: never repeated.
     cut = await spawn(store, "cut_off", {})
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id == cut).values(
             phase="effect", checkpoint='{"claim": "a dead process"}'))
     await run_all(store, CutOff())

@@ -173,7 +173,7 @@ async def build(store, home: Path, make) -> World:
 
 
 async def embed_all(store) -> None:
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         rows = await _vectors.missing(conn, MODEL, after=0, limit=100_000)
         await _vectors.put(conn, store.dialect, MODEL, [
             (i, c, _vectors.pack(hashed_embedding(_vectors.embeddable_text(a, t))))
@@ -319,7 +319,7 @@ async def test_a_forgotten_person_is_gone_everywhere_and_the_other_is_not(world,
     assert not [p for p, data in files.items()
                 if GONE.encode() in data or GONE_CJK.encode() in data]
     if store.dialect == "sqlite":
-        db = Path(store._engines.write.url.database)
+        db = Path(store.engines.write.url.database)
         assert files.get(db.with_name(db.name + "-wal"), b"") == b""  # cut to nothing
         assert KEPT.encode() in files[db] and KEPT_CJK.encode() in files[db]
         assert not list((db.parent / (db.name + "-vectors")).glob("*.usearch"))

@@ -98,7 +98,7 @@ async def write_history(store, tmp_path: Path) -> dict:
     await store.commit(w)
     # The store stamps usage at commit; move the big model's calls to yesterday, as
     # tests/test_budget.py does, so the chart has two days.
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(usage).where(usage.c.model == "big-model")
                            .values(created_at=time.time() - 86400))
     w = Writes()  # and one today, on top of the scripted model's bar

@@ -97,7 +97,7 @@ async def write_history(store) -> dict:
         w.record_usage(UsageRecord(provider="p", model="tiny", input_tokens=300,
                                    output_tokens=20, cost_usd=cost, conversation_id=anna.id))
     await store.commit(w)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         # As a process left them: one killed holding its task (the lease ran out), one
         # alive and holding its own (this process), one delivery that failed an hour ago.
         await conn.execute(update(tasks).where(tasks.c.id == stale).values(

@@ -75,7 +75,7 @@ async def steward(home: Path, *args: str) -> tuple[int, str, str]:
 async def ledger(store_url: str) -> list[tuple[str, str, bool, float]]:
     store = await open_store(store_url)
     try:
-        async with store._engines.read.connect() as conn:
+        async with store.engines.read.connect() as conn:
             rows = (await conn.execute(select(usage.c.provider, usage.c.model, usage.c.ok,
                                               usage.c.cost_usd).order_by(usage.c.id))).all()
         return [tuple(r) for r in rows]

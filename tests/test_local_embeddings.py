@@ -118,7 +118,7 @@ async def test_the_embedding_task_and_hybrid_search_on_sqlite(model, tmp_path):
         runner = Runner(store, Registry(EmbedEntries(store, embedder)), OPTIONS)
         await ensure_embedding(store, embedder)
         await runner.run(until_idle=True, horizon=0.5)
-        async with store._engines.read.connect() as conn:
+        async with store.engines.read.connect() as conn:
             rows = await _vectors.missing(conn, embedder.model, after=0, limit=100)
             stored = (await conn.exec_driver_sql(
                 "SELECT model, vec FROM entry_vectors ORDER BY entry_id")).all()

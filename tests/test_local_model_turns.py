@@ -165,7 +165,7 @@ async def test_a_restarting_server_is_waited_for(local):
 
 async def failed_attempts(rig, words: str) -> int:
     """How many failed attempts the usage ledger holds whose error says `words`."""
-    async with rig.store._engines.read.connect() as conn:
+    async with rig.store.engines.read.connect() as conn:
         from sqlalchemy import select
 
         from store.schema import usage

@@ -264,7 +264,7 @@ async def test_facts_are_remembered_and_never_cross_scopes(harness, store):
 
 async def bulk_entries(store, conv_id: int, n: int) -> None:
     """Insert n entries with one statement on the server side (no Python loop)."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         if store.dialect == "sqlite":
             await conn.execute(text(
                 "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < :n) "

@@ -194,7 +194,7 @@ async def test_unsafe_effect_that_raises_fails_without_retry(store):
 
 
 async def test_corrupt_row_is_blocked_and_the_rest_runs(store):
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks).values(
             id="00000000000000000000000000", kind="echo", state=PENDING, phase="",
             inputs="{not json", attempts=0, run_after=0.0, created_at=now(), updated_at=now()))
@@ -282,7 +282,7 @@ async def test_waiting_task_stays_waiting_across_recovery(store):
 async def test_lease_is_fenced(store):
     task_id = await spawn(store, "echo", {})
     await store.claim_tasks("w1", 1, lease_seconds=60)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id == task_id)
                            .values(lease_owner="w2"))
     from store import LeaseLost, TaskUpdate
@@ -387,10 +387,10 @@ async def test_lease_renewal_never_waits_for_a_row_another_commit_holds(store):
     w = Writes()
     older, sleeper = w.spawn("echo", {}), w.spawn("echo", {})
     await store.commit(w)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(tasks).where(tasks.c.id.in_([older, sleeper]))
                            .values(state=RUNNING, lease_owner="w1", lease_expires=now() + 5))
-    async with store._engines.write.connect() as other:
+    async with store.engines.write.connect() as other:
         await other.begin()
         await other.execute(select(tasks.c.id).where(tasks.c.id == older)
                             .with_for_update(read=True))

@@ -149,7 +149,7 @@ async def test_a_common_word_does_not_crowd_out_an_old_rare_match(store):
               at=NOW - 400 * DAY)
     await say(store, conv, *[{"kind": "user", "text": f"note {i} from me", "author": "Fay"}
                              for i in range(60)])
-    async with store._engines.read.connect() as c:
+    async with store.engines.read.connect() as c:
         hits = await search_on(c, store.dialect, "did Fay buy a kayak?", scopes=None,
                                conversation_id=None, limit=3, offset=0, now=NOW,
                                candidates=20)

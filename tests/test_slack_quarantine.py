@@ -47,7 +47,7 @@ async def pending_events(store, home: Path) -> set[str]:
     from sqlalchemy import select
 
     from store.schema import inbound
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return set((await conn.execute(select(inbound.c.event_id))).scalars())
 
 

@@ -81,14 +81,14 @@ def set_op(key: str, value) -> list[dict]:
 
 
 async def document_id(store, namespace: str, name: str) -> int:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return (await conn.execute(
             text("select id from documents where namespace = :ns and name = :name"),
             {"ns": namespace, "name": name})).scalar_one()
 
 
 async def stored_versions(store, doc_id: int) -> list[tuple]:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         rows = (await conn.execute(text(
             "select version, base is not null, ops is not null from document_versions"
             " where document_id = :id order by version"), {"id": doc_id})).all()
@@ -96,7 +96,7 @@ async def stored_versions(store, doc_id: int) -> list[tuple]:
 
 
 async def overwrite_ops(store, doc_id: int, version: int, raw: str) -> None:
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         res = await conn.execute(text(
             "update document_versions set ops = :ops"
             " where document_id = :id and version = :v and ops is not null"),

@@ -51,14 +51,14 @@ def _task_rows(n: int, **values) -> list[dict]:
 async def test_a_claim_reads_only_the_rows_it_takes(store, store_url):
     # A deep queue, a long history of finished work, sleepers and live leases: none of it
     # may be read, let alone sorted, to take the next few tasks.
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _task_rows(READY))
         await conn.execute(insert(tasks), _task_rows(5_000, state=DONE))
         await conn.execute(insert(tasks), _task_rows(2_000, run_after=now() + 3600))
         await conn.execute(insert(tasks), _task_rows(500, state=RUNNING, lease_owner="w",
                                                      lease_expires=now() + 3600))
         await conn.execute(text("ANALYZE"))
-    plan = await explain_claim(store._engines)
+    plan = await explain_claim(store.engines)
     if store.dialect == "sqlite":
         assert "ix_tasks_ready (run_after<?)" in plan, plan
         assert "ix_tasks_leases (lease_expires<?)" in plan, plan
@@ -86,7 +86,7 @@ async def test_a_claim_takes_expired_leases_then_the_oldest_due(store):
     retried = w.spawn("q", {})  # made later, but its retry came due a minute ago
     await store.commit(w)
     [orphan] = _task_rows(1, state=RUNNING, lease_owner="dead", lease_expires=now() - 1)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), [orphan])
         await conn.execute(text("UPDATE tasks SET run_after = :t WHERE id = :i"),
                            {"t": now() - 60, "i": retried})
@@ -297,10 +297,10 @@ async def test_a_process_killed_mid_group_loses_nothing_it_acknowledged(store_ur
 async def test_a_result_that_claims_takes_the_claimed_rows_by_primary_key(store):
     """PostgreSQL's update-then-claim statement, on a table of a few thousand tasks (small
     enough for the planner to scan it whole for an array of ids it guesses at ten)."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _task_rows(2_000))
         await conn.execute(insert(tasks), _task_rows(2_000, state=DONE))
-    plan = await explain_claim(store._engines, 1, after_update=True)
+    plan = await explain_claim(store.engines, 1, after_update=True)
     assert "Index Scan using tasks_pkey" in plan, plan
     assert "Seq Scan" not in plan, plan
 
@@ -309,9 +309,9 @@ async def test_claims_in_a_fresh_handle_without_statistics_use_the_indexes(store
     # No ANALYZE: the plan must not depend on statistics a new database does not have.
     store = await open_store(store_url)
     try:
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             await conn.execute(insert(tasks), _task_rows(READY))
-        plan = await explain_claim(store._engines)
+        plan = await explain_claim(store.engines)
     finally:
         await store.close()
     assert "ix_tasks_ready" in plan and "ix_tasks_leases" in plan, plan
@@ -325,12 +325,12 @@ async def test_the_hot_statements_are_planned_once_not_at_every_step(store):
     execution: planning cost more than running them (0.87 against 0.51 ms a step, over
     asyncpg alone). The hot path's connections keep the one generic plan, and it still
     reads only the rows it takes."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _task_rows(READY))
         await conn.execute(insert(tasks), _task_rows(2_000, state=DONE))
         await conn.execute(text("ANALYZE tasks"))
     steps = 12  # PostgreSQL weighs a generic plan after five custom ones
-    async with (await store._engines.pool()).acquire() as conn:
+    async with (await store.engines.pool()).acquire() as conn:
         [task] = await _hot.pg_claim(conn, Claim("me", 1, 30.0), now())
         for _ in range(steps):
             [task] = await _hot.pg_update_then_claim(
@@ -344,7 +344,7 @@ async def test_the_hot_statements_are_planned_once_not_at_every_step(store):
     assert len(plans) == 2, plans
     for row in plans:
         assert row["custom_plans"] == 0 and row["generic_plans"] >= steps, dict(row)
-    plan = await explain_claim(store._engines, 1, after_update=True)
+    plan = await explain_claim(store.engines, 1, after_update=True)
     assert "Index Scan using ix_tasks_ready" in plan and "Seq Scan" not in plan, plan
 
 
@@ -355,11 +355,11 @@ async def _explain(store, statement: str, parameters) -> str:
     """The plan of a statement the store ran: on PostgreSQL the generic one (the state is
     in the statement, so it cannot depend on the values)."""
     if store.dialect == "sqlite":
-        async with store._engines.read.connect() as conn:
+        async with store.engines.read.connect() as conn:
             rows = (await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}",
                                                tuple(parameters))).all()
         return "\n".join(str(r[-1]) for r in rows)
-    async with (await store._engines.pool()).acquire() as conn:
+    async with (await store.engines.pool()).acquire() as conn:
         await conn.execute(f"PREPARE steward_t AS {statement}")
         nulls = f"({', '.join(['NULL'] * len(parameters))})" if parameters else ""
         try:
@@ -374,7 +374,7 @@ async def test_the_queues_other_queries_read_only_live_work(store):
     the start's recovery (leases nobody holds, blocked kinds now registered) and the search
     for dead workers find their rows in the partial indexes of live work, never by reading
     the table."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _task_rows(READY, state=DONE))
         await conn.execute(insert(tasks), _task_rows(200))
         await conn.execute(insert(tasks), _task_rows(50, state=RUNNING, lease_owner="gone",
@@ -410,10 +410,10 @@ async def test_the_queues_other_queries_read_only_live_work(store):
 async def _plans_inside_a_step(store, writes: Writes, claim: Claim | None) -> str:
     """The plans `steward_step` runs for one step, as auto_explain reports them to the
     client (nested statements included), on a hot-path connection: the generic plans."""
-    from store import steps as _steps
+    from store.postgres import step_function as _steps
 
     logged: list[str] = []
-    async with (await store._engines.pool()).acquire() as conn:
+    async with (await store.engines.pool()).acquire() as conn:
         conn.add_log_listener(lambda _conn, message: logged.append(message.message))
         await conn.execute("LOAD 'auto_explain'")
         await conn.execute("SET auto_explain.log_min_duration = 0; "
@@ -439,17 +439,17 @@ async def test_a_tasks_own_update_finds_it_by_its_key_not_along_a_queue_index(st
     the dead ones too until vacuum, where the primary key finds one row (measured: 65
     buffers and 0.11 ms of a 0.33 ms step). The same for the sleepers a step wakes
     (`state = 'pending'`, ix_tasks_ready's condition) when the queue is short."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _task_rows(queued))
         await conn.execute(insert(tasks), _task_rows(5_000, state=DONE))
         await conn.execute(insert(tasks), _task_rows(1, state=RUNNING, lease_owner="w",
                                                      lease_expires=now() + 3600))
         await conn.execute(text("ANALYZE tasks"))
     plans = {}
-    plan = await explain_claim(store._engines, 1, after_update=True)
+    plan = await explain_claim(store.engines, 1, after_update=True)
     plans["update then claim"] = plan.split("CTE finished", 1)[1].split("CTE expired")[0]
     update_params = _hot.update_params(TaskUpdate("x", "x", DONE, ""), now())
-    async with (await store._engines.pool()).acquire() as conn:
+    async with (await store.engines.pool()).acquire() as conn:
         await conn.execute(f"PREPARE lone AS {_hot.UPDATE_ASYNCPG}")
         plans["lone update"] = "\n".join(r[0] for r in await conn.fetch(
             f"EXPLAIN EXECUTE lone({', '.join(['NULL'] * len(update_params))})"))
@@ -457,7 +457,7 @@ async def test_a_tasks_own_update_finds_it_by_its_key_not_along_a_queue_index(st
 
     [task] = await store.claim_tasks("me", 1, 60.0)
     sleeper = new_id()
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), [dict(_task_rows(1, run_after=now() + 3600)[0],
                                                 id=sleeper)])
     writes = Writes()

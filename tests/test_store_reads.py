@@ -1,4 +1,4 @@
-"""The store's own reads. SQLite: on reader threads (store/read_pool.py), a read is one job
+"""The store's own reads. SQLite: on reader threads (store/read/pool.py), a read is one job
 on a thread of its own connection, sees one snapshot, never writes, never waits for the
 writer, and fails alone. PostgreSQL: lookups are autocommitted and never pinged, so a
 connection the server dropped is found by the read itself, which is sent again."""
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select, text
 
 from store import NotFound, Writes, open_store
-from store.read_pool import SqliteReaders
+from store.read.pool import SqliteReaders
 from store.schema import conversations
 
 sqlite_only = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -139,7 +139,7 @@ async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
         return (await conn.execute(text("SELECT pg_backend_pid()"))).scalar()
 
     pid = await store._read(backend)  # the lookup connection now idle in the pool
-    async with store._engines.write.connect() as conn:
+    async with store.engines.write.connect() as conn:
         assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                 ).scalar()
     assert await store._read(backend) != pid
@@ -147,14 +147,14 @@ async def test_a_read_whose_connection_the_server_dropped_is_sent_again(store):
 
 @postgres_only
 async def test_a_lookup_whose_connection_the_server_dropped_is_sent_again(store):
-    """Lookups (store/reads.py on the hot path's asyncpg connections) the same."""
+    """Lookups (store/read/queries.py on the hot path's asyncpg connections) the same."""
     await store.ensure_conversation("k")
 
     async def backend(conn):
         return (await conn.execute("SELECT pg_backend_pid() AS pid")).scalar()
 
     pid = await store._lookup(backend)  # its connection now idle in the hot pool
-    async with store._engines.write.connect() as conn:
+    async with store.engines.write.connect() as conn:
         assert (await conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
                 ).scalar()
     assert (await store.get_conversation("k")).key == "k"
@@ -218,8 +218,8 @@ async def _listings(source, conv_id: int) -> dict:
 
 async def test_the_listings_of_the_reading_commands(store, store_url, tmp_path):
     """`steward tasks`, `schedules`, `quarantine` and `usage` list what the store holds; on
-    an SQLite file the standard library's reader (store/reader.py) lists the same."""
-    from store.reader import open_reader
+    an SQLite file the standard library's reader (store/read/reader.py) lists the same."""
+    from store.read.reader import open_reader
     from store.records import UsageRecord
     from store.writes import ScheduleWrite
 

@@ -95,7 +95,7 @@ async def _land(store, general: bool) -> dict:
                 tasks.update().where(tasks.c.id == c).values(state="running",
                                                               lease_owner="w")))
     assert delivered[0] == delivered[1]
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         said = (await conn.execute(select(entries.c.seq, entries.c.kind, entries.c.author,
                                           entries.c.text, entries.c.data, entries.c.ref,
                                           entries.c.task_id == root)
@@ -128,7 +128,7 @@ async def test_a_common_step_lands_as_the_general_commit_lands_it(store_url):
         store = await open_store(store_url)
         try:
             landed.append(await _land(store, general))
-            async with store._engines.write.begin() as conn:  # the next run starts empty
+            async with store.engines.write.begin() as conn:  # the next run starts empty
                 for table in (usage, submissions, entries, tasks, conversations):
                     await conn.execute(table.delete())
         finally:

@@ -42,7 +42,7 @@ async def texts_of(store, conversation_id: int) -> list[str]:
 
 
 async def count_rows(store, table: str) -> int:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return (await conn.execute(text(f"select count(*) from {table}"))).scalar_one()
 
 
@@ -438,7 +438,7 @@ async def test_usage_rows_land_with_the_commit_failed_attempts_included(store):
     totals = await store.usage_totals()
     assert (totals["calls"], totals["input_tokens"], totals["output_tokens"]) == (3, 1300, 350)
     assert totals["cost_usd"] == pytest.approx(0.015)
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         failed = (await conn.execute(text(
             "select provider, error, cache_read_tokens from usage where not ok"))).all()
     assert [tuple(r) for r in failed] == [("anthropic", "HTTP 529 overloaded", 0)]
@@ -471,7 +471,7 @@ async def test_opening_the_same_store_twice_is_idempotent(store_url):
     second = await open_store(store_url)
     try:
         assert await texts_of(second, conv.id) == ["kept"]
-        async with second._engines.read.connect() as conn:
+        async with second.engines.read.connect() as conn:
             versions = (await conn.execute(
                 text("select version_num from alembic_version"))).scalars().all()
         assert versions == [HEAD]
@@ -542,7 +542,7 @@ async def test_sqlite_connections_are_durable_and_checked(tmp_path):
     # a busy timeout instead of an immediate "database is locked", on every connection.
     store = await open_store(f"sqlite+aiosqlite:///{tmp_path / 's.db'}")
     try:
-        for engine in (store._engines.write, store._engines.read):
+        for engine in (store.engines.write, store.engines.read):
             async with engine.connect() as conn:
                 values = [(await conn.exec_driver_sql(f"PRAGMA {p}")).scalar()
                           for p in ("journal_mode", "synchronous", "foreign_keys",

@@ -297,7 +297,7 @@ async def test_a_hot_path_connection_the_server_shut_down_under_a_statement_is_n
     the next use (a commit once failed so: "another operation is in progress")."""
     store = await open_store(pg.url)
     try:
-        pool = await store._engines.pool()
+        pool = await store.engines.pool()
 
         async def sleep_in_the_server():
             async with pool.acquire() as conn:

@@ -38,7 +38,7 @@ async def bulk_entries(conn, dialect, cid, n, *, at=1_700_000_000):
 async def fill(store, key, vecs, *, model=MODEL):
     """A conversation whose entries carry `vecs`; returns (conversation id, entry ids)."""
     conv = await store.ensure_conversation(key, owner=key)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         ids = await bulk_entries(conn, store.dialect, conv.id, len(vecs))
         for lo in range(0, len(ids), 2000):
             await _vectors.put(conn, store.dialect, model, [
@@ -110,7 +110,7 @@ async def test_an_entry_older_than_the_old_window_is_found(store, monkeypatch):
     big, ids = await fill(store, "cli:big", vecs)
     if store.dialect == "postgresql":
         monkeypatch.undo()
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             await conn.execute(text(_vectors.index_sql(schema, MODEL, DIM)))
     await fill(store, "cli:other", unit(rng, 100))
     # SQLite: the first search starts the index's build in the background and is answered
@@ -250,7 +250,7 @@ async def main(url):
     while True:
         from tests.test_vector_index import bulk_entries, unit
         vecs = unit(rng, 25)
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             ids = await bulk_entries(conn, "sqlite", conv.id, 25)
             await _vectors.put(conn, "sqlite", "test-model:v1", [
                 (e, conv.id, v.astype("<f4").tobytes()) for e, v in zip(ids, vecs)])

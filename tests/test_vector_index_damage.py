@@ -74,7 +74,7 @@ async def main():
         f.write(random.Random(1).randbytes(4096))
     conv = await store.ensure_conversation("cli:more")
     new = unit(np.random.default_rng(9), 400)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         ids = await bulk_entries(conn, "sqlite", conv.id, 400)
         await _vectors.put(conn, "sqlite", "test-model:v1", [
             (e, conv.id, v.astype("<f4").tobytes()) for e, v in zip(ids, new)])

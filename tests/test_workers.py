@@ -244,7 +244,7 @@ async def test_one_leader_at_a_time_and_the_next_when_it_goes(store_url):
         # The leader's connection dies (the server restarted, the network broke): it
         # learns it has lost the lead, and the other takes over. The holder is found by its
         # lock, not through its connection, which its own check is using meanwhile.
-        async with b._engines.write.connect() as conn:
+        async with b.engines.write.connect() as conn:
             key = first.key & 0xFFFF_FFFF_FFFF_FFFF  # its two 32-bit halves
             pid = (await conn.execute(text(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "

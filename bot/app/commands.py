@@ -307,7 +307,7 @@ async def _run(config: Config, args) -> int:
 async def _accept_data_loss(config: Config) -> None:
     """`run --accept-data-loss`: an SQLite database behind what its home saw (a deleted
     -wal, store/wal_guard.py) is taken as it is, from now on; said once, on stderr."""
-    from store.reader import sqlite_path
+    from store.read.reader import sqlite_path
     from store.wal_guard import accept
 
     path = sqlite_path(config.store_url)

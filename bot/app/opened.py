@@ -36,7 +36,7 @@ def opened_reader(config):
     """The store for a command that only reads: through the standard library when the
     database is SQLite at this build's schema (store/reader.py), else `opened_store`; an
     empty one, creating nothing, when the SQLite database is not there yet."""
-    from store.reader import open_for_reading
+    from store.read.reader import open_for_reading
 
     if absent_database(config) is not None:
         return _nothing()
@@ -46,7 +46,7 @@ def opened_reader(config):
 def absent_database(config):
     """The SQLite file `config` names if it does not exist yet, else None (PostgreSQL:
     always None). A command that only reads must not create it (blocking: a stat)."""
-    from store.reader import sqlite_path
+    from store.read.reader import sqlite_path
 
     path = sqlite_path(config.store_url)
     return path if path is not None and not path.exists() else None

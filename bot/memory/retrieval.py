@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from bot.memory import embeddings as _embeddings
 from bot.memory.when import parse_when
 from store.hybrid import find
-from store.reader import open_for_reading
+from store.read.reader import open_for_reading
 from store.search import parse_query, query_terms
 
 if TYPE_CHECKING:

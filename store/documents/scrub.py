@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.documents.ops import OpError, apply_ops
-from store.plain import run
+from store.read.plain import run
 from store.records import dumps, now
 
 ITEMS = "items"

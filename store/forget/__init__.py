@@ -58,7 +58,7 @@ result in someone else's turn, and a request a live worker holds in memory.
 from store.forget.apply import apply, digest
 from store.forget.model import DataMark, Plan, Record, Sql, Target, decoded, escaped, rows_of
 from store.forget.select import BLOB, BLOB_LIKE, select
-from store.plain import run
+from store.read.plain import run
 
 __all__ = ["DataMark", "Plan", "Record", "Target", "blobs_removed", "digest", "forget",
            "literal", "pending", "plan", "records", "referenced"]

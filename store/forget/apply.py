@@ -14,7 +14,7 @@ from store.forget.model import (
     removed_entries,
     searchable,
 )
-from store.plain import run
+from store.read.plain import run
 from store.records import dumps
 from store.search import CJK_RANGES
 

@@ -4,7 +4,7 @@ record it leaves, and the SQL pieces the selection and the removal share."""
 import json
 from dataclasses import dataclass, field
 
-from store.plain import run
+from store.read.plain import run
 
 FORGOTTEN = "forgotten"  # a submission's state once it is a tombstone
 

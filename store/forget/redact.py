@@ -12,7 +12,7 @@ as it was made of the old text) and in a task that stays (inputs, checkpoint, re
 import json
 
 from store.forget.model import Plan, Sql, escaped, searchable
-from store.plain import run
+from store.read.plain import run
 from store.records import dumps
 from store.search import CJK_RANGES
 

@@ -1,4 +1,4 @@
-"""The store's lookups on PostgreSQL: text SQL (`store/reads.py`) on a hot-path asyncpg
+"""The store's lookups on PostgreSQL: text SQL (`store/read/queries.py`) on a hot-path asyncpg
 connection, one round trip each.
 
 Through SQLAlchemy's async engine a one-row lookup cost ~0.45 ms of a 0.13 ms round trip:
@@ -10,7 +10,7 @@ turned into asyncpg's numbered form once (`:name` -> `$n`), prepared once per co
 import re
 from functools import lru_cache
 
-from store.plain import Result, TextConnection, row_type
+from store.read.plain import Result, TextConnection, row_type
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 

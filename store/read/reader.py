@@ -1,11 +1,11 @@
 """The store opened only to read, as cheaply as it can be.
 
 An SQLite file already at this build's schema is read through the standard library
-(`store.plain`): `steward sessions`, `log`, `search`, `tasks`, `schedules`, `quarantine`
+(`store.read.plain`): `steward sessions`, `log`, `search`, `tasks`, `schedules`, `quarantine`
 and `usage` then start without SQLAlchemy.
 Anything else (PostgreSQL, a database behind or not there yet) opens the full `Store`,
 which migrates first as every start does. Both answer the same reads, from the same SQL
-(store/reads.py, store/search.py through `reading()`).
+(store/read/queries.py, store/search.py through `reading()`).
 """
 
 import asyncio
@@ -13,8 +13,8 @@ import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from store import reads as _reads
-from store.plain import PlainConnection
+from store.read import queries as _reads
+from store.read.plain import PlainConnection
 from store.records import Conversation, Entry, Schedule, Task
 from store.revision import HEAD
 

@@ -40,7 +40,7 @@ class SqliteReaders:
     async def run(self, fn: Callable[[Any], Coroutine], *, text: bool = False) -> Any:
         """`await fn(conn)` on a reader's connection, in one read transaction; `fn` awaits
         nothing but `conn.execute` (`store.writer.run_inline`). `conn` is an SQLAlchemy
-        connection, or with `text` a `store.plain.TextConnection` on the driver."""
+        connection, or with `text` a `store.read.plain.TextConnection` on the driver."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put((fn, text, loop, future))
