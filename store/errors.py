@@ -19,6 +19,11 @@ class StoreError(Exception):
     pass
 
 
+class NoSchema(StoreError):
+    """A database without Steward's tables, opened by a command that must not create them
+    (one that only reads): its message says which database, in a person's words."""
+
+
 class LeaseLost(StoreError):
     def __init__(self, task_id: str, owner: str):
         super().__init__(f"task {task_id} is no longer leased to {owner}")

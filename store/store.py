@@ -14,7 +14,7 @@ from store import tasks as _tasks
 from store.backend import Backend, backend_for
 from store.documents import versions as _versions
 from store.engine import Engines, Upgrade, create_engines, migrate
-from store.errors import NotFound
+from store.errors import NoSchema, NotFound
 from store.parents import Parents
 from store.read import queries as _reads
 from store.records import (
@@ -30,7 +30,7 @@ from store.records import (
     now,
     schedule_from_row,
 )
-from store.revision import at_head
+from store.revision import HEAD, current
 from store.schema import conversations, storable, submissions, tasks, usage
 from store.schema import schedules as schedules_table
 from store.sql import insert_ignore
@@ -48,19 +48,23 @@ def conversation_namespace(conversation_id: int) -> str:
 
 
 async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | None = None,
-                     snapshot: bool = True) -> "Store":
+                     snapshot: bool = True, create: bool = True) -> "Store":
     """The store at `url`, migrated to this build's schema first (`upgrade`).
 
     An SQLite file that lost commits its home saw land is refused (`LostCommits`,
     store/wal_guard.py) before anything is written. A database behind is copied to
     `snapshot_dir` before it is migrated (store/snapshot.py; default: `snapshots/` beside
     an SQLite file, none for PostgreSQL, whose callers in Steward always name one), unless
-    `snapshot` is False (the owner backed it up); `Store.upgrade` says what was done."""
+    `snapshot` is False (the owner backed it up); `Store.upgrade` says what was done.
+    Without `create`, a database Steward never opened is refused (`NoSchema`), untouched."""
     backend = backend_for(create_engines(url))
     try:
         await backend.opening()
         upgrade_done = None
-        if upgrade and not await at_head(backend.engines):  # at head: no Alembic loaded
+        revision = await current(backend.engines)
+        if revision is None and not create:
+            raise NoSchema(f"no Steward tables in {_described(url)} yet")
+        if upgrade and revision != HEAD:  # at head: no Alembic loaded
             if snapshot_dir is None:
                 snapshot_dir = backend.snapshot_dir()
             upgrade_done = await migrate(backend.engines,
@@ -71,6 +75,17 @@ async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | Non
     store = Store(backend)
     store.upgrade = upgrade_done
     return store
+
+
+def _described(url: str) -> str:
+    """A database as a person names it: "PostgreSQL database 'x' (schema y)", or the file."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return f"the SQLite database {parsed.database}"
+    schema = parsed.query.get("schema")
+    return f"PostgreSQL database {parsed.database!r}" + (f" (schema {schema})" if schema else "")
 
 
 class Store:

@@ -13,6 +13,8 @@ import sys
 import time
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from store import Writes, open_store
 from tests.test_cli import steward, steward_env
@@ -74,6 +76,34 @@ async def test_reading_a_home_with_no_database_says_so_and_creates_nothing(home,
                            "first `steward ask`, `chat`, `run` or `import` makes it)\n"), command
     assert not fresh.exists()
     assert [p.name for p in home.iterdir() if p.name.startswith("steward.db")] == []
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_reading_an_empty_postgresql_database_creates_no_tables(home, tmp_path, store_url):
+    """On PostgreSQL "no database yet" is a database (here a schema) without Steward's
+    tables: the reading commands say so as on SQLite and leave it as they found it."""
+    (tmp_path / "config.toml").write_text(f'[store]\nurl = "{store_url}"\n')  # in the cwd
+    schema = store_url.rpartition("schema=")[2]
+    nothing = (f"steward: no Steward tables in PostgreSQL database 'test' (schema {schema}) "
+               "yet: nothing stored so far")
+    for command in ("sessions", "tasks", "facts", "usage"):
+        code, out, err = await steward(home, command, cwd=tmp_path)
+        assert (code, out, err) == (0, LISTINGS[command] + "\n", nothing + "\n"), command
+    for command in NAMED:
+        code, out, err = await steward(home, *command, cwd=tmp_path)
+        assert (code, out) == (1, ""), (command, err)
+        assert err == (nothing + " (the first `steward ask`, `chat`, `run` or `import` makes "
+                       "it)\n"), command
+    engine = create_async_engine(store_url.partition("?")[0])
+    try:
+        async with engine.connect() as conn:
+            tables = (await conn.execute(text(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = :s"),
+                {"s": schema})).scalars().all()
+    finally:
+        await engine.dispose()
+    assert tables == []
     assert not (tmp_path / "out").exists()
 
 

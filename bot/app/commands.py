@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from bot.app.config_snapshot import recall
 from bot.app.errors import UsageError
 from bot.app.opened import (
+    MADE_BY,
+    NOTHING_YET,
     NoDatabase,
     absent_database,
     no_database_line,
@@ -151,7 +153,7 @@ async def _sessions(config: Config, args) -> int:
 
 
 async def _log(config: Config, args) -> int:
-    async with opened_reader(config) as store:
+    async with opened_reader(config, listing=False) as store:
         conv = await store.get_conversation(args.key)
         page = await store.entries_page(conv.id, before=args.before, limit=args.limit)
     rows = [{"session": args.key, "entry": e.seq, "kind": e.kind, "role": e.kind,
@@ -182,15 +184,19 @@ async def _facts(config: Config, args) -> int:
     """Every kept fact with where its words came from: "you", or the outside text it was
     written from (bot/provenance.py), which the model is shown as data."""
     from bot.memory.facts import read_facts
+    from store.errors import NoSchema
 
     rows = []
-    if absent_database(config) is None:
-        async with opened_store(config) as store:
-            scopes = [args.scope] if args.scope else sorted(
-                {c.scope for c in await store.list_conversations(limit=100_000)})
-            rows = [{"scope": scope, "number": item.get("id"), "since": item.get("since"),
-                     "from": item.get("outside") or "you", "text": item.get("text", "")}
-                    for scope in scopes for item in await read_facts(store, scope)]
+    try:
+        if absent_database(config) is None:
+            async with opened_store(config, create=False) as store:
+                scopes = [args.scope] if args.scope else sorted(
+                    {c.scope for c in await store.list_conversations(limit=100_000)})
+                rows = [{"scope": scope, "number": item.get("id"), "since": item.get("since"),
+                         "from": item.get("outside") or "you", "text": item.get("text", "")}
+                        for scope in scopes for item in await read_facts(store, scope)]
+    except NoSchema as exc:  # PostgreSQL without Steward's tables: nothing kept yet
+        print(f"steward: {exc}: {NOTHING_YET}", file=sys.stderr, flush=True)
     _emit(rows, args.json, ["scope", "number", "from", "text"], "no facts kept")
     return 0
 
@@ -198,7 +204,7 @@ async def _facts(config: Config, args) -> int:
 async def _doc(config: Config, args) -> int:
     from store import NotFound, conversation_namespace
 
-    async with opened_store(config) as store:
+    async with opened_store(config, create=False) as store:
         conv = await store.get_conversation(args.key)
         namespace = conversation_namespace(conv.id)
         try:
@@ -447,8 +453,7 @@ def _say_no_database(config, args) -> None:
         return
     line = no_database_line(config, path)
     if args.command not in LISTINGS:
-        raise NoDatabase(f"{line} (the first `steward ask`, `chat`, `run` or `import` "
-                         "makes it)")
+        raise NoDatabase(f"{line} {MADE_BY}")
     print(f"steward: {line}", file=sys.stderr, flush=True)
 
 

@@ -450,7 +450,7 @@ async def export_command(config, args) -> int:
 
     target = await asyncio.to_thread(
         lambda: Path(args.to).expanduser() if args.to else default_target(Path.cwd()))
-    async with opened_store(config) as store:
+    async with opened_store(config, create=False) as store:
         report = await export_home(store, BlobStore.of_home(config.home), target,
                                    session=args.session, person=args.person,
                                    timezone=config.agent.timezone, version=version())

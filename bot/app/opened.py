@@ -3,6 +3,7 @@ private first (0700, its files 0600, as DESIGN.md says), closed when done. Light
 purpose: the reading commands import it without the agent."""
 
 import asyncio
+import sys
 from contextlib import asynccontextmanager
 
 from bot.home import make_private
@@ -32,15 +33,35 @@ def opened_store(config, **options):
     return _opened(config, open_store, **options)
 
 
-def opened_reader(config):
+def opened_reader(config, *, listing: bool = True):
     """The store for a command that only reads: through the standard library when the
-    database is SQLite at this build's schema (store/reader.py), else `opened_store`; an
-    empty one, creating nothing, when the SQLite database is not there yet."""
-    from store.read.reader import open_for_reading
-
+    database is SQLite at this build's schema (store/read/reader.py), else the store,
+    migrated if behind. Where there is no database yet (no SQLite file, or a PostgreSQL
+    database without Steward's tables) nothing is created: a `listing` gets an empty store
+    (and the line saying so on stderr), any other command the error (`NoSchema`)."""
     if absent_database(config) is not None:
         return _nothing()
-    return _opened(config, open_for_reading)
+    return _reading(config, listing)
+
+
+@asynccontextmanager
+async def _reading(config, listing: bool):
+    from store.errors import NoSchema
+    from store.read.reader import open_for_reading
+
+    await asyncio.to_thread(make_private, config.home)
+    try:
+        store = await open_for_reading(config.store_url, snapshot_dir=snapshot_dir(config))
+    except NoSchema as exc:
+        if not listing:
+            raise
+        print(f"steward: {exc}: {NOTHING_YET}", file=sys.stderr, flush=True)
+        yield _Empty()
+        return
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def absent_database(config):
@@ -56,9 +77,13 @@ class NoDatabase(ValueError):
     """A command that reads something named found no database at all (exit 1)."""
 
 
+NOTHING_YET = "nothing stored so far"
+MADE_BY = "(the first `steward ask`, `chat`, `run` or `import` makes it)"
+
+
 def no_database_line(config, path) -> str:
     where = f"in {config.home}" if path.parent == config.home else f"at {path}"
-    return f"no database {where} yet: nothing stored so far"
+    return f"no database {where} yet: {NOTHING_YET}"
 
 
 class _Empty:

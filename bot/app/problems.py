@@ -84,6 +84,10 @@ def describe(exc: BaseException, config: Config | None) -> tuple[int, str]:
     database = database_problem(exc, config)
     if database is not None:
         return 1, database
+    if isinstance(exc, _loaded_class("store.errors", "NoSchema")):
+        from bot.app.opened import MADE_BY, NOTHING_YET
+
+        return 1, f"{exc}: {NOTHING_YET} {MADE_BY}"
     if isinstance(exc, StoreError | ValueError):
         return 1, _first_line(exc)
     return 1, (f"unexpected error: {type(exc).__name__}: {_first_line(exc)} "

@@ -110,10 +110,10 @@ async def open_reader(url: str) -> Reader | None:
 
 async def open_for_reading(url: str, **options):
     """A `Reader` where one will do, else the migrated `Store` (the same reads; `options`
-    are `open_store`'s)."""
+    are `open_store`'s); a database without Steward's tables is refused (`NoSchema`)."""
     reader = await open_reader(url)
     if reader is not None:
         return reader
     from store import open_store
 
-    return await open_store(url, **options)
+    return await open_store(url, create=False, **options)

@@ -29,7 +29,7 @@ class Source:
 async def open_source(config: Config):
     """The store and, for the context page, the tools and model a turn would use (the
     same wiring as `open_app`: MCP servers are only named here, never connected)."""
-    async with opened_store(config) as store, httpx.AsyncClient(
+    async with opened_store(config, create=False) as store, httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=10.0)) as http:
         client, _ = await make_client(config.llm, env=os.environ, http=http)
         embeddings.attach(store, embeddings.make(config, http))  # recall uses it, as a turn
