@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from bot.port import Event, Events, Outbound
+from bot.port import Channel, Event, Events, Outbound
 
 SHOW_SECONDS = 5.0  # how long a delivery waits for the terminal to have written it
 
 
-class TerminalChannel:
+class TerminalChannel(Channel):
     name = "cli"
 
     def __init__(self, events: Events):
@@ -40,5 +40,3 @@ class TerminalChannel:
                 await asyncio.wait_for(asyncio.shield(written), SHOW_SECONDS)
         return {"shown": shown}
 
-    async def find(self, message: Outbound) -> dict | None:
-        return None  # a terminal keeps no history to look in

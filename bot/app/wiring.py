@@ -21,6 +21,7 @@ from bot.agent.deps import AgentDeps
 from bot.agent.llm_call import LLMCall
 from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
+from bot.agent_port import LocalPort
 from bot.app import allocator, restore, taskdump
 from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
@@ -33,7 +34,6 @@ from bot.memory import embeddings as _embeddings
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding
 from bot.memory.facts import FACT_TOOLS
 from bot.memory.search import search_history
-from bot.port import AgentPort
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
 from bot.runtime.supervision import Health, describe
@@ -79,7 +79,7 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
             log.info("%s left out of this process: %s", section, unset[0][1])
             continue
         module, _, name = target.partition(":")
-        connector = getattr(importlib.import_module(module), name)(config, AgentPort(deps))
+        connector = getattr(importlib.import_module(module), name)(config, LocalPort(deps))
         deps.channels[connector.name] = connector.channel
         built.append(connector)
     return built
@@ -207,10 +207,10 @@ async def _serve(config: Config) -> int:
         app.mcp.start()  # kept up from now on, restarted when they die
         for connector in app.connectors:
             await connector.start()
-            app.health.connected[connector.name] = lambda c=connector: getattr(c, "up", True)
+            app.health.connected[connector.name] = lambda c=connector: c.up
         if app.banner:
             print(app.banner, file=sys.stderr, flush=True)
-        names = ", ".join(c.name if getattr(c, "up", True) else f"{c.name} (connecting)"
+        names = ", ".join(c.name if c.up else f"{c.name} (connecting)"
                           for c in app.connectors) or "none"
         print(f"steward: running on {app.store.dialect} ({config.home}); connectors: {names}; "
               "Ctrl-C to stop", flush=True)

@@ -104,7 +104,7 @@ def recipients(deps: Any) -> Recipients:
     the channels this process can deliver through."""
     circle = list(deps.config.agent.allowed_recipients)
     for channel in deps.channels.values():
-        circle += getattr(channel, "circle", ())
+        circle += channel.circle
     return Recipients.of(circle, deps.channels)
 
 

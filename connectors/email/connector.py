@@ -6,7 +6,7 @@ import logging
 import ssl
 from typing import Any
 
-from bot.port import AgentPort
+from bot.port import AgentPort, Connector
 from connectors.email.channel import EmailChannel
 from connectors.email.imap import ImapSession
 from connectors.email.intake import Intake
@@ -24,7 +24,7 @@ def message_limit(max_attachment_bytes: int) -> int:
     return max(MIN_MESSAGE_LIMIT, 4 * max_attachment_bytes + 1_000_000)
 
 
-class EmailConnector:
+class EmailConnector(Connector):
     name = "email"
 
     def __init__(self, config: Any, port: AgentPort, *,

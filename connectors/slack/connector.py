@@ -30,7 +30,9 @@ import logging
 import socket
 from typing import Any
 
-from bot.port import AgentPort, kill_point, make_private
+from bot.home import make_private
+from bot.port import AgentPort, Connector
+from bot.runtime.killpoints import kill_point
 
 from . import faults
 from .ackloop import AckLoop
@@ -58,7 +60,7 @@ JOURNAL_FILE = "slack-inbox.jsonl"
 CONNECT_BACKOFF_MAX = 60.0  # seconds between tries to reach Slack at the most
 
 
-class SlackConnector:
+class SlackConnector(Connector):
     name = CHANNEL
 
     def __init__(self, config: Any, port: AgentPort):

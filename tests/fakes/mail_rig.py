@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from bot.agent.deps import AgentDeps
+from bot.agent_port import LocalPort
 from bot.app.config import build_config
 from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
-from bot.port import AgentPort
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox
 from connectors.email import cursor as cursors
@@ -96,7 +96,7 @@ class Rig:
         self.http = httpx.AsyncClient()
         self.deps = AgentDeps(store=store, config=self.config, client=self.model,
                               toolbox=ToolBox(), http=self.http)
-        self.connector = EmailConnector(self.config, AgentPort(self.deps), **(connector or {}))
+        self.connector = EmailConnector(self.config, LocalPort(self.deps), **(connector or {}))
         self.deps.channels["email"] = self.connector.channel
         self.runner = Runner(store, build_registry(self.deps), OPTIONS)
         self.deps.wake = self.runner.wake
