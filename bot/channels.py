@@ -2,7 +2,7 @@
 email). A connector subclasses `Channel`; the delivery task, the permission rules, the
 approval request and the schedule tool call it. What only some channels can do is declared
 here with a default that means "this channel cannot", so the core asks the channel object
-and never its name (no `getattr` probing, no `if name == "slack"`)."""
+and never its name (no `getattr` probing, no test of which channel it is)."""
 
 from __future__ import annotations
 

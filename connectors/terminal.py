@@ -21,6 +21,9 @@ class TerminalChannel(Channel):
         # returns. None: such a message is only published (counted shown if anyone listens).
         self.aside: Callable[[Outbound], None] | None = None
 
+    def how_to_approve(self, code: str) -> str:
+        return f"Answer `yes {code}` or `no {code}` (e.g. steward ask \"yes {code}\")"
+
     async def send(self, message: Outbound) -> dict:
         """Publish the answer; when a terminal renders this conversation, return once it is
         written there (the delivery's result is committed next: a crash in between must

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from aioimaplib import aioimaplib
 
-from bot import port as port_module
+from bot import agent_port as port_module
 from bot.agent_port import LocalPort
 from connectors.email import cursor as cursors
 from connectors.email import imap as imap_module

@@ -18,6 +18,7 @@ from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, ToolContext
 from bot.tools.permissions import Recipients
 from connectors.email.channel import EmailChannel
+from connectors.email.config import EmailConfig
 from connectors.slack.outbound import SlackChannel
 from connectors.terminal import TerminalChannel
 from store import DONE, ScheduleWrite, Writes, new_id
@@ -142,20 +143,27 @@ async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, 
     assert delivery.state == DONE and delivery.inputs["channel"] == "cli"
 
 
-# How the Slack and email channels address someone new (their static methods, no server).
-ADDRESSING = {"slack": SlackChannel, "email": EmailChannel}
+def addressing() -> dict:
+    """The Slack and email channels, only to address someone new: no server behind them
+    (addressing asks none)."""
+    email = EmailConfig(enabled=True, address="steward@example.org", imap_host="imap.test",
+                        smtp_host="smtp.test")
+    return {"slack": SlackChannel(None, None, None),  # type: ignore[arg-type]
+            "email": EmailChannel(email, open_session=None, smtp_password=None,
+                                  sender_name="Steward")}
 
 
 async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     conv = await store.ensure_conversation("cli:tool")
 
     origin = {"channel": "slack", "reply_to": {"channel": "D1", "user": "U1", "team": "T"}}
+    channels = addressing()
 
     async def call(**arguments):
         ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
                           http=deps.http, timezone=TZ, origin=origin,
                           recipients=Recipients.of(["ana@example.org"], ["slack", "email"]),
-                          channels=ADDRESSING)
+                          channels=channels)
         result = await schedule_tool.run(ctx, arguments)
         await store.commit(ctx.writes)
         return result.content

@@ -81,6 +81,13 @@ class EmailChannel(Channel):
         self.sender_name = sender_name
         self.ssl_context = ssl_context
 
+    def asker_address(self, who: str | None) -> str | None:
+        """A mail's author is known by address: the one it came from."""
+        return who
+
+    def how_to_approve(self, code: str) -> str:
+        return f"Reply to this mail with YES {code} to approve, or NO {code} to refuse"
+
     def address_of(self, address: str, *, subject: str) -> dict[str, Any]:
         """A new thread to `address` (a scheduled job's answers, say)."""
         return {"to": address, "subject": subject}

@@ -42,6 +42,9 @@ class SlackChannel(Channel):
         self.streams = streams
         self.working = working
 
+    def how_to_approve(self, code: str) -> str:
+        return f"Press Approve or Deny, or reply `yes {code}` or `no {code}`"
+
     def direct_to(self, where: dict[str, Any]) -> dict[str, Any] | None:
         """A direct message to the person who wrote from `where`: posting to a user id
         lands in the bot's DM with them."""
