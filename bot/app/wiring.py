@@ -34,6 +34,7 @@ from bot.memory import embeddings as _embeddings
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding
 from bot.memory.facts import FACT_TOOLS
 from bot.memory.search import search_history
+from bot.port import Host
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
 from bot.runtime.supervision import Health, describe
@@ -72,6 +73,8 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
     secrets are not set is left out: only a command that does not serve it (`ask`, `chat`)
     starts without them (bot/app/commands.py NEEDS); its deliveries wait for `run`."""
     built = []
+    host = Host(port=LocalPort(deps), home=config.home, agent_name=config.agent.name,
+                secret=config.secret)
     for section, target in CONNECTORS.items():
         if not getattr(config, section).enabled:
             continue
@@ -79,7 +82,8 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
             log.info("%s left out of this process: %s", section, unset[0][1])
             continue
         module, _, name = target.partition(":")
-        connector = getattr(importlib.import_module(module), name)(config, LocalPort(deps))
+        connector = getattr(importlib.import_module(module), name)(getattr(config, section),
+                                                                   host)
         deps.channels[connector.name] = connector.channel
         built.append(connector)
     return built
@@ -88,7 +92,7 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
 def build_registry(deps: AgentDeps) -> Registry:
     """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
     return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps),
-                    Compact(deps), Approval(deps.store),
+                    Compact(deps), Approval(deps.store, deps.channels),
                     EmbedEntries(deps.store, _embeddings.attached(deps.store)))
 
 

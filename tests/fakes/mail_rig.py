@@ -17,6 +17,7 @@ from bot.app.config import build_config
 from bot.app.wiring import build_registry
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
+from bot.port import Host
 from bot.runtime import Runner, RunnerOptions
 from bot.tools import ToolBox
 from connectors.email import cursor as cursors
@@ -96,7 +97,9 @@ class Rig:
         self.http = httpx.AsyncClient()
         self.deps = AgentDeps(store=store, config=self.config, client=self.model,
                               toolbox=ToolBox(), http=self.http)
-        self.connector = EmailConnector(self.config, LocalPort(self.deps), **(connector or {}))
+        self.connector = EmailConnector(self.config.email, Host(
+            LocalPort(self.deps), self.config.home, self.config.agent.name, self.config.secret),
+            **(connector or {}))
         self.deps.channels["email"] = self.connector.channel
         self.runner = Runner(store, build_registry(self.deps), OPTIONS)
         self.deps.wake = self.runner.wake
