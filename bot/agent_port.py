@@ -227,7 +227,7 @@ class LocalPort:
         `mine`, also those `taker` held in its previous life (at its start)."""
         return await self._store.journal_stale(channel, lease=lease, taker=taker, mine=mine)
 
-    def leader(self, name: str, *, poll_seconds: float = 2.0):
+    def leader(self, name: str, *, poll_seconds: float = 2.0) -> Any:
         """Leadership of a job among the workers (see store/leader.py)."""
         return self._store.leader(name, poll_seconds=poll_seconds)
 
