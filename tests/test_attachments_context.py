@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from bot.agent.context import build_request, request_chars
-from bot.agent.deps import AgentDeps
 from bot.agent_port import LocalPort
 from bot.app.config import build_config
+from bot.app.wiring import host_of, wire
 from bot.llm.anthropic import AnthropicClient
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
@@ -27,11 +27,11 @@ KEY = "cli:pictures"
 
 @pytest.fixture
 async def port(store, tmp_path):
-    http = httpx.AsyncClient()
-    deps = AgentDeps(store=store, config=build_config({}, home=tmp_path),
-                     client=ScriptedModel([Response(text="ok")]), toolbox=ToolBox(), http=http)
-    yield LocalPort(deps)
-    await http.aclose()
+    """The port a connector is handed, from the real wiring."""
+    async with httpx.AsyncClient() as http:
+        app = wire(build_config({}, home=tmp_path), store,
+                   ScriptedModel([Response(text="ok")]), http, toolbox=ToolBox())
+        yield host_of(app.config, app.deps).port
 
 
 async def say(port: LocalPort, n: int, text: str, *files: tuple[str, bytes, str]) -> list:

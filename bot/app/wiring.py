@@ -8,6 +8,7 @@ a channel of their own, a connector with test TLS), the way an HTTP client takes
 transport: nothing rebuilt by hand."""
 
 import asyncio
+import functools
 import importlib
 import logging
 import os
@@ -86,19 +87,11 @@ def host_of(config: Config, deps: AgentDeps) -> Host:
                 secret=config.secret)
 
 
-def build_connectors(config: Config, deps: AgentDeps,
-                     factories: Sequence[ConnectorFactory] | None = None) -> list[Connector]:
-    """The enabled connectors (or those `factories` build), each registered as its
-    deliveries' channel. One whose secrets are not set is left out: only a command that
-    does not serve it (`ask`, `chat`) starts without them (bot/app/commands.py NEEDS); its
-    deliveries wait for `run`."""
-    host = host_of(config, deps)
-    if factories is not None:
-        built = [make(host) for make in factories]
-        for connector in built:
-            deps.channels[connector.name] = connector.channel
-        return built
-    built = []
+def enabled_connectors(config: Config) -> list[ConnectorFactory]:
+    """A factory per enabled connector, its section bound. One whose secrets are not set is
+    left out: only a command that does not serve it (`ask`, `chat`) starts without them
+    (bot/app/commands.py NEEDS); its deliveries wait for `run`."""
+    factories: list[ConnectorFactory] = []
     for section, target in CONNECTORS.items():
         if not getattr(config, section).enabled:
             continue
@@ -106,10 +99,20 @@ def build_connectors(config: Config, deps: AgentDeps,
             log.info("%s left out of this process: %s", section, unset[0][1])
             continue
         module, _, name = target.partition(":")
-        connector = getattr(importlib.import_module(module), name)(getattr(config, section),
-                                                                   host)
+        connector = getattr(importlib.import_module(module), name)
+        factories.append(functools.partial(connector, getattr(config, section)))
+    return factories
+
+
+def build_connectors(config: Config, deps: AgentDeps,
+                     factories: Sequence[ConnectorFactory] | None = None) -> list[Connector]:
+    """The connectors `factories` build (default: the enabled ones), each handed this
+    process's `Host` and registered as its deliveries' channel."""
+    host = host_of(config, deps)
+    built = [make(host) for make in (enabled_connectors(config) if factories is None
+                                     else factories)]
+    for connector in built:
         deps.channels[connector.name] = connector.channel
-        built.append(connector)
     return built
 
 
