@@ -27,9 +27,10 @@ def message_limit(max_attachment_bytes: int) -> int:
 class EmailConnector(Connector):
     name = "email"
 
-    def __init__(self, email: EmailConfig, host: Host, *,
+    def __init__(self, config: EmailConfig, host: Host, *,
                  ssl_context: ssl.SSLContext | None = None,
                  max_message_bytes: int | None = None):
+        email = config  # the [email] section
         port = host.port
         password = host.secret(email.imap_password_env)
         smtp_password = host.secret(email.smtp_password_env) if email.smtp_user else None

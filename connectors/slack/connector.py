@@ -63,8 +63,8 @@ CONNECT_BACKOFF_MAX = 60.0  # seconds between tries to reach Slack at the most
 class SlackConnector(Connector):
     name = CHANNEL
 
-    def __init__(self, s: SlackConfig, host: Host):
-        self.config = s
+    def __init__(self, config: SlackConfig, host: Host):
+        s = self.config = config  # the [slack] section
         self.home = host.home  # the journal lives there
         self.port = port = host.port
         self.web = SlackWeb(host.secret(s.bot_token_env), s.api_base_url)
