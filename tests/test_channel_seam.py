@@ -1,25 +1,31 @@
-"""The channel seam: `Channel`'s optional capabilities default to "cannot", the real port
-has every method of the `AgentPort` Protocol connectors are typed against, and `open_app`
-takes its parts (a store, a model client, a channel of the test's own) and runs on them."""
+"""The channel seam: `Channel`'s optional capabilities default to "cannot" and the core goes
+by them, never by a channel's name; the real port has every method of the `AgentPort`
+Protocol connectors are typed against; `open_app` takes its parts (a store, a model
+client, a connector of the test's own) and runs on them."""
 
 import asyncio
 import inspect
 
+import httpx
 import pytest
 
 from bot.agent.inbox import submit_message
 from bot.agent_port import LocalPort
 from bot.app.config import build_config
-from bot.app.wiring import open_app
+from bot.app.wiring import open_app, wire
 from bot.channels import Channel, Connector, Outbound, typed_approval
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response
 from bot.port import AgentPort, Host
 from bot.runtime import RunnerOptions
+from bot.scheduler.tool import schedule as schedule_tool
+from bot.tools import ToolBox, ToolContext
+from bot.tools.permissions import recipients
 from connectors.email.channel import EmailChannel
 from connectors.email.config import EmailConfig
 from connectors.slack.outbound import SlackChannel
 from connectors.terminal import TerminalChannel
+from store import new_id
 
 OPTIONS = RunnerOptions(concurrency=2, lease_seconds=5, retry_base_seconds=0.01,
                         retry_max_seconds=0.02, poll_seconds=0.02)
@@ -130,3 +136,49 @@ async def test_open_app_runs_on_the_parts_it_is_handed(store, tmp_path):
         assert (shown.text, shown.reply_to) == ("noted", {"pin": 1})
     # The store handed in is the caller's: still open after the app closed.
     assert (await store.get_conversation("board:1")).key == "board:1"
+
+
+class Post(Channel):
+    """A channel by another name that can write to an address: the core goes by what it
+    declares, never by which channel it is."""
+
+    name = "post"
+    reaches_addresses = True
+    circle = ("@example.org",)
+
+    async def send(self, message: Outbound) -> dict:
+        return {}
+
+    def address_of(self, address: str, *, subject: str) -> dict:
+        return {"box": address, "about": subject}
+
+    def asker_address(self, who: str | None) -> str | None:
+        return who
+
+
+async def test_mailing_goes_by_the_channels_capabilities_not_their_names(store, tmp_path):
+    async with httpx.AsyncClient() as http:
+        app = wire(build_config({}, home=tmp_path), store, ScriptedModel([]), http,
+                   toolbox=ToolBox(schedule_tool), channels={"post": Post()})
+        mailers = recipients(app.deps)
+        assert mailers.mailers == {"post"}  # the terminal cannot mail anyone
+        assert mailers.email_refusal("bo@example.org", asker=None) is None  # its circle
+        conv = await store.ensure_conversation("post:ann@elsewhere.net",
+                                               owner="ann@elsewhere.net")
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id, http=http,
+                          timezone="UTC", origin={"channel": "post", "reply_to": {}},
+                          recipients=mailers, channels=app.deps.channels)
+        made = await schedule_tool.run(ctx, {"action": "create", "name": "digest",
+                                             "prompt": "Mail me my to-dos.",
+                                             "cron": "0 7 * * mon", "deliver_to": "email"})
+        await store.commit(ctx.writes)
+        assert made.content.startswith("Scheduled 'digest'"), made.content
+        [s] = await store.list_schedules()
+        # The asker's own address, from the channel that knows people by address.
+        assert s.deliver == {"channel": "post",
+                             "reply_to": {"box": "ann@elsewhere.net", "about": "digest"}}
+        # Without a channel that reaches addresses, nothing is mailed.
+        bare = wire(build_config({}, home=tmp_path), store, ScriptedModel([]), http,
+                    toolbox=ToolBox())
+        assert "not enabled" in recipients(bare.deps).email_refusal("bo@example.org",
+                                                                    asker=None)
