@@ -1,11 +1,13 @@
 """The channel port: everything a connector may ask of the agent, and the names it needs.
 
-A connector (Slack, email, the terminal) imports this module and its own libraries, never
-`store` and never the agent's modules: what it asks goes through `AgentPort`, one object
-the composition root builds per process, and what the agent tells it comes as calls on
-its `Channel` (`bot.channels`: deliver an answer, find one after a crash, retract one
-whose question was withdrawn) and as `Event`s (streamed partial text, carrying the
-channel and the reply address).
+A connector (Slack, email, the terminal) imports this module, `bot.channels` and its own
+libraries, never `store` and never the agent's modules: what it asks goes through an
+`AgentPort` (the composition root hands it one, inside a `Host`), and what the agent tells
+it comes as calls on its `Channel` (`bot.channels`: deliver an answer, find one after a
+crash, retract one whose question was withdrawn) and as `Event`s (streamed partial text,
+carrying the channel and the reply address). `AgentPort` is a Protocol: the methods below
+are all a connector calls, and a test may hand a connector anything that has them
+(`bot.agent_port.LocalPort` is the real one).
 
 Asking, in the agent's terms:
 
@@ -26,43 +28,41 @@ and reading what it needs to route: `submission` (was this id taken, and into wh
 `conversation`, `answer_pending`, `said` (a message's user entries), `position`, and the
 approvals a click or a reply answers. Each `submit`/`refuse`/`withdraw` that adds work
 wakes the runner.
+
+A port call may raise the store's outage (`store_unavailable` tells it): wait, keep what
+was being taken in, try again. A channel's `send` says it could not reach its world with
+`NotPerformed` (nothing happened) or `Unavailable` (something may have).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bot.agent import approval
-from bot.agent.deliver import Deliver
 from bot.agent.events import Event, Events
-from bot.agent.inbox import Accepted, add_history, answer_key, submit_message, withdraw_message
-from bot.attachments import REF, Attachments, BlobStore, Kept, size_label, wanted
+from bot.agent.inbox import Accepted, answer_key
+from bot.attachments import REF, Kept
 from bot.channels import Channel, Connector, Outbound
-from bot.config import Section
-from bot.home import make_private
 from bot.runtime import NotPerformed, Unavailable
-from bot.runtime.killpoints import kill_point
-from bot.tools.base import known_timezone
-from store import TERMINAL, NotFound, Writes, conversation_namespace, is_unavailable
+from store import is_unavailable
 
 if TYPE_CHECKING:
     import httpx
 
-    from bot.agent.deps import AgentDeps
     from store import Conversation, Entry
 
 __all__ = [
-    "REF", "Accepted", "AgentPort", "Channel", "Connector", "Event", "Events", "Kept",
-    "answer_key",
-    "NotPerformed", "Outbound", "Position", "Section", "Unavailable", "kill_point",
-    "known_timezone", "make_private", "size_label", "store_unavailable", "wanted",
+    "REF", "Accepted", "AgentPort", "Channel", "Connector", "Event", "Events", "Host",
+    "Kept", "NotPerformed", "Outbound", "Position", "Unavailable", "answer_key",
+    "store_unavailable",
 ]
 
 # Whether an error a port call raised is the store's outage (the database or its disk is
 # not there now), never the fault of what was being taken in: wait, keep it, try again.
 store_unavailable = is_unavailable
+
 
 @dataclass(frozen=True)
 class Position:
@@ -73,50 +73,34 @@ class Position:
     name: str
     value: dict[str, Any]
 
-    def write(self, w: Writes) -> None:
-        w.edit_document(self.owner, self.name, [{"op": "set", "path": [], "value": self.value}],
-                        history="latest", fork_policy="current")
 
-
-class AgentPort:
-    def __init__(self, deps: AgentDeps):
-        self._deps = deps
-        self._store = deps.store
-        self._attachments: Attachments | None = None
-
-    # -- what the agent gives a connector ----------------------------------------------
+class AgentPort(Protocol):
+    """What a connector calls on the agent (see the module docstring)."""
 
     @property
     def events(self) -> Events:
-        return self._deps.events
-
-    def reconciling(self) -> bool:
-        """Whether this home was just restored from a backup (bot/app/restore.py): what came
-        in since the snapshot may have been answered already, by the home before it."""
-        import time
-
-        return time.time() < self._deps.reconcile_until
+        """The streamed partial answers, to show as they grow."""
 
     @property
     def http(self) -> httpx.AsyncClient:
         """The process's HTTP client (files a message links to)."""
-        return self._deps.http
 
-    def wake(self) -> None:
-        """New work was committed outside the port (the runner looks at once)."""
-        self._deps.wake()
+    @property
+    def shared(self) -> bool:
+        """Whether other workers may share this store (PostgreSQL): then what a channel
+        acknowledges must be in the store (`journal_put`) before the acknowledgement, and
+        a loop that must run once waits to be `leader`."""
+
+    def reconciling(self) -> bool:
+        """Whether this home was just restored from a backup (bot/app/restore.py): what came
+        in since the snapshot may have been answered already, by the home before it."""
 
     # -- taking messages in --------------------------------------------------------------
 
     async def keep(self, data: bytes, *, name: str, media_type: str) -> Kept:
-        """A shared file read (an image made ready for the model, a document's text) and
-        its bytes stored by content hash, durably, before this returns: put `Kept.ref`
+        """A shared file read and its bytes stored by content hash, durably: put `Kept.ref`
         in the message's data under `REF` and `Kept.text` in its text. Bad input is a
         note in `Kept.text`, never an exception."""
-        if self._attachments is None:
-            config = self._deps.config
-            self._attachments = Attachments(BlobStore.of_home(config.home), config.attachments)
-        return await self._attachments.keep(data, name=name, media_type=media_type)
 
     async def submit(self, *, channel: str, external_ids: list[str], conversation_key: str,
                      text: str, author: str | None = None, owner: str | None = None,
@@ -124,197 +108,93 @@ class AgentPort:
                      data: dict[str, Any] | None = None, timezone: str | None = None,
                      files: Sequence[tuple[str, Any]] = (), at: Position | None = None,
                      answers: str | None = None) -> Accepted:
-        """One message for the agent (see `bot.agent.inbox.submit_message`); `files` are
-        (document name, value) pairs stored in the conversation with it, `at` the
-        position past it. A message taken before only moves the position. `answers`: which
-        of the ids names the message itself wherever it is read (default: the first)."""
-        def extra(conversation: Conversation, w: Writes) -> None:
-            for name, value in files:
-                w.edit_document(conversation_namespace(conversation.id), name,
-                                [{"op": "set", "path": [], "value": value}], history="latest",
-                                fork_policy="current", conversation_id=conversation.id)
-            if at is not None:
-                at.write(w)
-
-        accepted = await submit_message(
-            self._store, channel=channel, external_ids=external_ids,
-            conversation_key=conversation_key, text=text, author=author, owner=owner,
-            reply_to=reply_to, data=data, scope=scope, timezone=timezone, extra=extra,
-            answers=answers)
-        if accepted.duplicate and at is not None and accepted.approval is None:
-            await self.advance(at)
-        if not accepted.duplicate:
-            self.wake()
-        return accepted
+        """One message for the agent; `files` are (document name, value) pairs stored in
+        the conversation with it, `at` the position past it. A message taken before only
+        moves the position. `answers`: which of the ids names the message itself wherever
+        it is read (default: the first)."""
 
     async def history(self, *, channel: str, conversation_key: str,
                       messages: list[dict[str, Any]], owner: str | None = None,
                       scope: str | None = None, settled_only: bool = False) -> int:
-        return await add_history(self._store, channel=channel,
-                                 conversation_key=conversation_key, messages=messages,
-                                 owner=owner, scope=scope, settled_only=settled_only)
+        """Earlier messages of a conversation joined late, as context; how many were new."""
 
     async def withdraw(self, *, channel: str, ref: str, conversation_id: int,
                        said: list[Entry], note: str, withdrawn_note: str,
                        author: str | None = None, data: dict[str, Any] | None = None
                        ) -> list[Entry]:
-        withdrawn = await withdraw_message(
-            self._store, channel=channel, ref=ref, conversation_id=conversation_id, said=said,
-            note=note, withdrawn_note=withdrawn_note, author=author, data=data)
-        if withdrawn:
-            self.wake()  # the turn queued behind a withdrawn one may start now
-        return withdrawn
+        """A message taken back: its unstarted turns never run; what was withdrawn."""
 
     async def refuse(self, *, channel: str, external_ids: list[str], conversation_key: str,
                      text: str, reply_to: dict[str, Any], owner: str | None = None,
                      scope: str | None = None, payload: dict[str, Any] | None = None) -> bool:
         """Record a message not taken from someone not allowed, with one answer per
-        conversation (keyed by it: never twice). True if it was new."""
-        conversation = await self._store.ensure_conversation(conversation_key, owner=owner,
-                                                             scope=scope)
-        w = Writes()
-        w.submit(channel, *external_ids, conversation_id=conversation.id, payload=payload)
-        w.deliver(Deliver.kind, {"channel": channel, "text": text, "reply_to": reply_to},
-                  key=f"{channel}-refusal:{conversation_key}", conversation_id=conversation.id)
-        if (await self._store.commit(w)).duplicate:
-            return False
-        self.wake()
-        return True
+        conversation (never twice). True if it was new."""
 
     async def skip(self, channel: str, external_ids: list[str], payload: dict[str, Any], *,
                    at: Position | None = None) -> bool:
         """A message that is not answered, recorded with why; True if it was new."""
-        w = Writes()
-        w.submit(channel, *external_ids, payload=payload)
-        return await self._commit_at(w, at)
 
     async def quarantine(self, channel: str, external_ids: list[str], reason: str,
                          payload: Any = None, *, at: Position | None = None) -> bool:
-        """An input that cannot be taken in, kept with the reason under each of its ids (a
-        retry or replay of it is never submitted later); True if it was new."""
-        w = Writes()
-        for external_id in external_ids:
-            w.quarantine(channel, external_id, reason, payload)
-        return await self._commit_at(w, at)
+        """An input that cannot be taken in, kept with the reason under each of its ids;
+        True if it was new."""
 
     async def advance(self, at: Position) -> None:
-        w = Writes()
-        at.write(w)
-        await self._store.commit(w)
-
-    async def _commit_at(self, w: Writes, at: Position | None) -> bool:
-        if at is not None:
-            at.write(w)
-        if not (await self._store.commit(w)).duplicate:
-            return True
-        if at is not None:  # recorded before: the position still moves past it
-            await self.advance(at)
-        return False
+        """Move the position alone."""
 
     # -- what a connector reads to route ----------------------------------------------
 
     async def submission(self, channel: str, external_id: str) -> dict[str, Any] | None:
         """How an id was taken: {"state", "conversation_id", "task_id", "payload"}, or None."""
-        return await self._store.submission_state(channel, external_id)
 
-    async def conversation(self, key: str) -> Conversation | None:
-        try:
-            return await self._store.get_conversation(key)
-        except NotFound:
-            return None
+    async def conversation(self, key: str) -> Conversation | None: ...
 
-    async def conversation_by_id(self, conversation_id: int) -> Conversation | None:
-        try:
-            return await self._store.get_conversation_by_id(conversation_id)
-        except NotFound:
-            return None
+    async def conversation_by_id(self, conversation_id: int) -> Conversation | None: ...
 
     async def answer_pending(self, turn_id: str) -> bool:
         """Whether the turn's answer is still to come."""
-        return (await self._store.get_task(turn_id)).state not in TERMINAL
 
     async def said(self, conversation_id: int, turn_id: str, mine: Callable[[dict], bool],
                    *, tail: int = 200) -> list[Entry]:
-        """A message's user entries: among the newest `tail`, those with a turn whose data
-        `mine` recognises (the message and its edits, submitted as new messages); else the
-        turn's own entry (an older message, answered long ago)."""
-        page = await self._store.entries_page(conversation_id, limit=tail)
-        found = [e for e in page if e.kind == "user" and e.task_id and mine(e.data or {})]
-        if not found:
-            first = await self._store.entry_of_task(conversation_id, turn_id)
-            found = [first] if first is not None and first.kind == "user" else []
-        return found
+        """A message's user entries (the message and its edits), else the turn's own."""
 
     async def position(self, owner: str, name: str) -> dict[str, Any] | None:
-        try:
-            doc = await self._store.read_document(owner, name)
-        except NotFound:
-            return None
-        return doc.value or None
+        """The value last moved to with `advance` (or a submission's `at`), or None."""
+
+    async def conversations_active(self, prefix: str, *, since: float, limit: int = 200,
+                                   parts: int | None = None) -> list[Conversation]:
+        """The conversations under `prefix` active since `since`, latest first (catch-up)."""
 
     # -- several workers on one store ---------------------------------------------------
 
-    @property
-    def shared(self) -> bool:
-        """Whether other workers may share this store (PostgreSQL): then what a channel
-        acknowledges must be in the store (`journal_put`) before the acknowledgement, and
-        a loop that must run once waits to be `leader`."""
-        return not self._store.single_node
-
     async def journal_put(self, channel: str, event_id: str, body: dict, lease: float,
-                          taker: str | None = None) -> None:
-        await self._store.journal_put(channel, event_id, body, lease, taker)
+                          taker: str | None = None) -> None: ...
 
-    async def journal_done(self, channel: str, event_ids: list[str]) -> None:
-        await self._store.journal_done(channel, event_ids)
+    async def journal_done(self, channel: str, event_ids: list[str]) -> None: ...
 
     async def journal_stale(self, channel: str, *, lease: float, taker: str | None = None,
                             mine: bool = False) -> list[dict]:
-        """Acknowledged events no live worker is taking in (their taker died); with
-        `mine`, also those `taker` held in its previous life (at its start)."""
-        return await self._store.journal_stale(channel, lease=lease, taker=taker, mine=mine)
+        """Acknowledged events no live worker is taking in (their taker died)."""
 
-    def leader(self, name: str, *, poll_seconds: float = 2.0):
+    def leader(self, name: str, *, poll_seconds: float = 2.0) -> Any:
         """Leadership of a job among the workers (see store/leader.py)."""
-        return self._store.leader(name, poll_seconds=poll_seconds)
 
     # -- approvals answered on the channel (a button) ------------------------------------
 
     async def answer_approval(self, approval_id: str, approved: bool, *, by: str) -> str:
         """"approved", "denied", or why not ("not yours", "expired", "answered", ...)."""
-        return await approval.answer(self._store, approval_id, approved, by=by)
 
     async def approval_answer(self, approval_id: str) -> tuple[bool, str] | None:
         """The stored answer (approved, by whom), whichever click or reply gave it."""
-        return await approval.answered(self._store, approval_id)
 
-    # -- catching up after being away (Slack's history) ----------------------------------
 
-    async def conversations_active(self, prefix: str, *, since: float, limit: int = 200,
-                                   parts: int | None = None) -> list[Conversation]:
-        """The conversations whose key starts with `prefix` (and has `parts` parts between
-        colons, if given) that have a transcript and were active (an entry added) at
-        `since` (Unix time) or later: the `limit` most recently active, latest first.
-        Every conversation is looked at once, a page at a time, and no more than `limit`
-        are held."""
-        import heapq
+@dataclass(frozen=True)
+class Host:
+    """What a connector gets from the process besides its own config section: the port,
+    the home (its journal and files live there), the assistant's name (it signs with it),
+    and how to read a secret named in its section (`secret(env_name) -> value`)."""
 
-        if limit <= 0:
-            return []
-        best: list[tuple[float, int, Conversation]] = []
-        before: int | None = None
-        while True:
-            page = await self._store.list_conversations(limit=500, before_id=before)
-            for c in page:
-                if not (c.key.startswith(prefix) and c.last_seq > 0 and c.updated_at >= since):
-                    continue
-                if parts is None or c.key.count(":") + 1 == parts:
-                    item = (c.updated_at, c.id, c)
-                    if len(best) < limit:
-                        heapq.heappush(best, item)
-                    elif item[:2] > best[0][:2]:
-                        heapq.heapreplace(best, item)
-            if len(page) < 500:
-                break
-            before = page[-1].id
-        return [c for _, _, c in sorted(best, key=lambda item: item[:2], reverse=True)]
+    port: AgentPort
+    home: Path
+    agent_name: str
+    secret: Callable[[str], str]

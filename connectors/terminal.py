@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from bot.port import Event, Events, Outbound
+from bot.port import Channel, Event, Events, Outbound
 
 SHOW_SECONDS = 5.0  # how long a delivery waits for the terminal to have written it
 
 
-class TerminalChannel:
+class TerminalChannel(Channel):
     name = "cli"
 
     def __init__(self, events: Events):
@@ -20,6 +20,9 @@ class TerminalChannel:
         # Shows a message no renderer of its conversation is there for; written when it
         # returns. None: such a message is only published (counted shown if anyone listens).
         self.aside: Callable[[Outbound], None] | None = None
+
+    def how_to_approve(self, code: str) -> str:
+        return f"Answer `yes {code}` or `no {code}` (e.g. steward ask \"yes {code}\")"
 
     async def send(self, message: Outbound) -> dict:
         """Publish the answer; when a terminal renders this conversation, return once it is
@@ -40,5 +43,3 @@ class TerminalChannel:
                 await asyncio.wait_for(asyncio.shield(written), SHOW_SECONDS)
         return {"shown": shown}
 
-    async def find(self, message: Outbound) -> dict | None:
-        return None  # a terminal keeps no history to look in

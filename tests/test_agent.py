@@ -7,19 +7,17 @@ import httpx
 import pytest
 
 from bot.agent.context import build_request, to_messages
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.agent.llm_call import LLMCall
 from bot.agent.pinned import Pinned, pin, pinned
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.errors import AuthError, RateLimited
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Message, Request, Response, ToolCall, Usage
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox, builtin_tools
-from connectors.terminal import TerminalChannel
 from store import DONE, Entry, Writes, conversation_namespace
 from tests.fakes.llm_server import FakeLLMServer, Reply, replies
 
@@ -39,10 +37,9 @@ class Agent:
                                     "runtime": {"retry_base_seconds": 0.01,
                                                 "retry_max_seconds": 0.02}}, home=tmp_path)
         self.http = httpx.AsyncClient()
-        self.deps = AgentDeps(store=store, config=self.config, client=client,
-                              toolbox=ToolBox(*builtin_tools()), http=self.http)
-        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
-        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
+        app = wire(self.config, store, client, self.http, toolbox=ToolBox(*builtin_tools()),
+                   options=OPTIONS)
+        self.deps, self.runner = app.deps, app.runner
 
     async def say(self, text: str, session="cli:t", request_id=None) -> str:
         accepted = await submit_message(self.store, channel="cli",

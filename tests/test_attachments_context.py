@@ -10,13 +10,14 @@ import httpx
 import pytest
 
 from bot.agent.context import build_request, request_chars
-from bot.agent.deps import AgentDeps
+from bot.agent_port import LocalPort
 from bot.app.config import build_config
+from bot.app.wiring import host_of, wire
 from bot.llm.anthropic import AnthropicClient
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
-from bot.port import REF, AgentPort
+from bot.port import REF
 from bot.tools import ToolBox
 from tests.fakes.llm_server import FakeLLMServer, images
 from tests.test_attachments import jpeg, png
@@ -26,14 +27,14 @@ KEY = "cli:pictures"
 
 @pytest.fixture
 async def port(store, tmp_path):
-    http = httpx.AsyncClient()
-    deps = AgentDeps(store=store, config=build_config({}, home=tmp_path),
-                     client=ScriptedModel([Response(text="ok")]), toolbox=ToolBox(), http=http)
-    yield AgentPort(deps)
-    await http.aclose()
+    """The port a connector is handed, from the real wiring."""
+    async with httpx.AsyncClient() as http:
+        app = wire(build_config({}, home=tmp_path), store,
+                   ScriptedModel([Response(text="ok")]), http, toolbox=ToolBox())
+        yield host_of(app.config, app.deps).port
 
 
-async def say(port: AgentPort, n: int, text: str, *files: tuple[str, bytes, str]) -> list:
+async def say(port: LocalPort, n: int, text: str, *files: tuple[str, bytes, str]) -> list:
     refs, notes = [], []
     for name, data, media_type in files:
         kept = await port.keep(data, name=name, media_type=media_type)
@@ -45,7 +46,7 @@ async def say(port: AgentPort, n: int, text: str, *files: tuple[str, bytes, str]
     return refs
 
 
-async def request_for(port: AgentPort, tmp_path, **config) -> Request:
+async def request_for(port: LocalPort, tmp_path, **config) -> Request:
     conversation = await port.conversation(KEY)
     settings = build_config(config, home=tmp_path)
     return (await build_request(port._store, settings, conversation.id, tools=[],

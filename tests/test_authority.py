@@ -13,16 +13,14 @@ import httpx
 import pytest
 
 from bot.agent.approval import code_of
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response, ToolCall
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, builtin_tools
-from connectors.terminal import TerminalChannel
 from tests.fakes.mail_rig import ALLOWED, mail, rig_factory
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
     account_fixture,
@@ -232,10 +230,8 @@ async def test_an_instruction_in_a_web_page_needs_the_persons_approval(store, tm
     model = ScriptedModel(reader(url))
     config = build_config({"agent": {"http_allow": ["127.0.0.1"]}}, home=tmp_path)
     async with httpx.AsyncClient() as http:
-        deps = AgentDeps(store=store, config=config, client=model, http=http,
-                         toolbox=ToolBox(*builtin_tools(), schedule_tool))
-        deps.channels["cli"] = TerminalChannel(deps.events)
-        runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+        runner = wire(config, store, model, http, toolbox=ToolBox(*builtin_tools(), schedule_tool),
+                      options=RunnerOptions(poll_seconds=0.02)).runner
         turn = (await submit_message(store, channel="cli", external_ids=["r1"],
                                      conversation_key="cli:web", text=f"what is on {url} ?",
                                      author="you")).turn_id
@@ -297,10 +293,8 @@ def leaker(request: Request) -> Response:
 
 async def _fetching_agent(store, tmp_path, model, http, **agent):
     config = build_config({"agent": {"http_allow": ["127.0.0.1"], **agent}}, home=tmp_path)
-    deps = AgentDeps(store=store, config=config, client=model, http=http,
-                     toolbox=ToolBox(*builtin_tools()))
-    deps.channels["cli"] = TerminalChannel(deps.events)
-    return Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    return wire(config, store, model, http, toolbox=ToolBox(*builtin_tools()),
+                options=RunnerOptions(poll_seconds=0.02)).runner
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # backend-agnostic

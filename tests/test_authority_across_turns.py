@@ -23,17 +23,15 @@ import httpx
 import pytest
 
 from bot.agent.approval import code_of
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry, build_toolbox
+from bot.app.wiring import App, build_toolbox, wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response, ToolCall
 from bot.memory.facts import read_facts
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.scheduler.loop import Scheduler
 from bot.tools.mcp.servers import McpServers
-from connectors.terminal import TerminalChannel
 from store import Writes
 
 pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -119,9 +117,9 @@ def attacker():
 
 
 class Agent:
-    def __init__(self, store, deps: AgentDeps, model: ScriptedModel):
-        self.store, self.deps, self.model = store, deps, model
-        self.runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    def __init__(self, store, app: App, model: ScriptedModel):
+        self.store, self.deps, self.model = store, app.deps, model
+        self.runner = app.runner
         self._n = 0
 
     async def say(self, text: str, *, key: str = "cli:me") -> str:
@@ -162,10 +160,9 @@ async def agent(store, tmp_path, *, mcp: list[dict] | None = None, **agent_confi
     model = ScriptedModel(obedient)
     try:
         async with httpx.AsyncClient() as http:
-            deps = AgentDeps(store=store, config=config, client=model, http=http,
-                             toolbox=await build_toolbox(config, servers))
-            deps.channels["cli"] = TerminalChannel(deps.events)
-            yield Agent(store, deps, model)
+            yield Agent(store, wire(config, store, model, http,
+                                    toolbox=await build_toolbox(config, servers), mcp=servers,
+                                    options=RunnerOptions(poll_seconds=0.02)), model)
     finally:
         await servers.close()
 

@@ -153,13 +153,10 @@ async def test_a_scheduled_job_at_the_cap_is_not_sent_to_the_model(store, tmp_pa
     the notice and the model is not called."""
     import httpx
 
-    from bot.agent.deps import AgentDeps
     from bot.app.config import build_config
-    from bot.app.wiring import build_registry
-    from bot.runtime import Runner
+    from bot.app.wiring import wire
     from bot.scheduler.loop import Scheduler
     from bot.tools import ToolBox
-    from connectors.terminal import TerminalChannel
     from store import ScheduleWrite, new_id
     from tests.fakes.agent_rig import RIG_OPTIONS
 
@@ -170,10 +167,9 @@ async def test_a_scheduled_job_at_the_cap_is_not_sent_to_the_model(store, tmp_pa
     await store.commit(spent)
     model = costly()
     async with httpx.AsyncClient() as http:
-        deps = AgentDeps(store=store, config=build_config(
-            {"limits": {"person_daily_limit": 1.0}}, home=tmp_path), client=model,
-            toolbox=ToolBox(), http=http)
-        deps.channels["cli"] = TerminalChannel(deps.events)
+        app = wire(build_config({"limits": {"person_daily_limit": 1.0}}, home=tmp_path), store,
+                   model, http, toolbox=ToolBox(), options=RIG_OPTIONS)
+        deps = app.deps
         w = Writes()
         due = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(time.time() - 60))
         w.save_schedule(ScheduleWrite(new_id(), "plants", "Water the plants.",
@@ -182,7 +178,7 @@ async def test_a_scheduled_job_at_the_cap_is_not_sent_to_the_model(store, tmp_pa
                                       conversation.id))
         await store.commit(w)
         assert await Scheduler(deps).fire_due() == 1
-        await Runner(store, build_registry(deps), RIG_OPTIONS).run(until_idle=True)
+        await app.runner.run(until_idle=True)
     [said] = [e.text for e in await store.entries_page(conversation.id, limit=20)
               if e.kind == "assistant" and (e.data or {}).get("final")]
     assert said.startswith("I have reached your daily spending cap (2.00 USD of 1.00 USD)")

@@ -9,16 +9,14 @@ import httpx
 import pytest
 
 from bot.agent.context import WITHDRAWS, build_request, entry_chars, request_chars
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, Usage
 from bot.memory.compaction import KIND, choose_cut, open_at, transcript_between
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox
-from connectors.terminal import TerminalChannel
 from store import DONE, Writes
 
 OPTIONS = RunnerOptions(concurrency=4, retry_base_seconds=0.01, retry_max_seconds=0.02,
@@ -223,11 +221,10 @@ async def deps(store, tmp_path):
     made = []
 
     def make(client, config):
-        d = AgentDeps(store=store, config=build_config(config, home=tmp_path), client=client,
-                      toolbox=ToolBox(), http=http)
-        d.channels["cli"] = TerminalChannel(d.events)
-        made.append(d)
-        return d, Runner(store, build_registry(d), OPTIONS)
+        app = wire(build_config(config, home=tmp_path), store, client, http,
+                   toolbox=ToolBox(), options=OPTIONS)
+        made.append(app.deps)
+        return app.deps, app.runner
 
     yield make
     await http.aclose()

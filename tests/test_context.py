@@ -19,15 +19,13 @@ from bot.agent.context import (
     request_chars,
     tokens_per_char,
 )
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, Usage
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox
-from connectors.terminal import TerminalChannel
 from store import Entry, Writes
 
 OPTIONS = RunnerOptions(concurrency=4, retry_base_seconds=0.01, retry_max_seconds=0.02,
@@ -137,10 +135,9 @@ async def test_idle_conversations_leave_the_cache(store, monkeypatch):
 class Harness:
     def __init__(self, store, tmp_path, model, config):
         self.http = httpx.AsyncClient()
-        self.deps = AgentDeps(store=store, config=build_config(config, home=tmp_path),
-                              client=model, toolbox=ToolBox(), http=self.http)
-        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
-        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
+        app = wire(build_config(config, home=tmp_path), store, model, self.http,
+                   toolbox=ToolBox(), options=OPTIONS)
+        self.deps, self.runner = app.deps, app.runner
         self.store = store
         self.n = 0
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from aioimaplib import aioimaplib
 
-from bot import port as port_module
-from bot.port import AgentPort
+from bot import agent_port as port_module
+from bot.agent_port import LocalPort
 from connectors.email import cursor as cursors
 from connectors.email import imap as imap_module
 from connectors.email.imap import ImapError, ImapSession
@@ -124,7 +124,7 @@ async def test_an_outage_is_waited_out_not_blamed_on_the_message(make_rig, accou
     await account.append(mail(message_id="patient@example.com", subject="Patient"))
     outages = Watcher.message_attempts + 2
     state = {"failed": 0, "down_for": 0}
-    real_submit, real_load = AgentPort.submit, cursors.load
+    real_submit, real_load = LocalPort.submit, cursors.load
 
     async def submit(port, **kwargs):
         if state["failed"] < outages:
@@ -139,7 +139,7 @@ async def test_an_outage_is_waited_out_not_blamed_on_the_message(make_rig, accou
             raise ConnectionRefusedError("the database is down")
         return await real_load(*args)
 
-    monkeypatch.setattr(AgentPort, "submit", submit)
+    monkeypatch.setattr(LocalPort, "submit", submit)
     monkeypatch.setattr(cursors, "load", load)
     rig = await make_rig().start(connected=False)
     [reply] = await sink.wait_for(1, seconds=30)

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# What a connector may import from the core: the port, the config's base model, and the
-# import record its history reader produces.
-CONNECTOR_MAY_USE = ("bot.port", "bot.config", "bot.importers.model")
+# What a connector may import from the core: the port and the channel contract, the
+# config's base model, the import record its history reader produces, and a few leaf
+# helpers where they live (the crash hook, the home's permissions, attachment limits, the
+# timezone check).
+CONNECTOR_MAY_USE = ("bot.port", "bot.channels", "bot.config", "bot.importers.model",
+                     "bot.runtime.killpoints", "bot.home", "bot.attachments",
+                     "bot.tools.base")
 BELOW_AGENT = ("bot.memory", "bot.tools", "bot.llm", "bot.runtime", "bot.importers")
 
 

@@ -11,13 +11,11 @@ import contextlib
 import httpx
 import pytest
 
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import ConfigError, build_config
-from bot.app.wiring import build_registry, build_toolbox
+from bot.app.wiring import build_toolbox, wire
 from bot.llm.openai import OpenAIClient
-from bot.runtime import Runner, RunnerOptions
-from connectors.terminal import TerminalChannel
+from bot.runtime import RunnerOptions
 from store import DONE, open_store
 from tests.fakes.local_model_props import LocalModelServer
 from tests.test_cli import steward, steward_env
@@ -44,10 +42,9 @@ class Agent:
     async def start(self):
         client = OpenAIClient(self.http, base_url=self.config.llm.base_url, api_key=None,
                               model=self.config.llm.model)
-        self.deps = AgentDeps(store=self.store, config=self.config, client=client,
-                              toolbox=await build_toolbox(self.config), http=self.http)
-        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
-        self.runner = Runner(self.store, build_registry(self.deps), OPTIONS)
+        app = wire(self.config, self.store, client, self.http,
+                   toolbox=await build_toolbox(self.config), options=OPTIONS)
+        self.deps, self.runner = app.deps, app.runner
         return self
 
     async def say(self, text: str, session: str = "cli:local"):

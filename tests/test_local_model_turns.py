@@ -10,10 +10,11 @@ import httpx
 import pytest
 
 from bot.agent.turn import CUT_OFF, WITHOUT_TOOLS
+from bot.app.wiring import host_of
 from bot.llm.openai import OpenAIClient
 from bot.llm.repair import IMAGE_NOTE
 from bot.memory.facts import FACT_TOOLS
-from bot.port import REF, AgentPort
+from bot.port import REF
 from tests.fakes.agent_rig import rig_factory
 from tests.fakes.local_llm_server import LocalLLMServer, Output
 from tests.test_attachments import png
@@ -135,7 +136,7 @@ async def test_a_reply_cut_by_length_is_not_shown_as_complete(local):
 async def test_an_image_to_a_text_only_server_is_left_out_and_said(local):
     with LocalLLMServer([Output("A picture, I gather."), Output("Hello.")]) as server:
         rig = local(server)
-        port = AgentPort(rig.deps)
+        port = host_of(rig.deps.config, rig.deps).port  # what a connector is handed
         kept = await port.keep(png(64, 64), name="cat.png", media_type="image/png")
         accepted = await port.submit(channel="cli", external_ids=["m1"],
                                      conversation_key="cli:rig", author="you",

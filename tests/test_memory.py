@@ -9,10 +9,9 @@ import pytest
 from sqlalchemy import text
 
 from bot.agent.context import build_request, entry_chars
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.errors import ServerError
 from bot.llm.openai import OpenAIClient
 from bot.llm.scripted import ScriptedModel
@@ -20,9 +19,8 @@ from bot.llm.types import Response, ToolCall
 from bot.memory.compaction import choose_cut, compaction_due
 from bot.memory.facts import FACT_TOOLS, facts_for
 from bot.memory.recall import recall
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox
-from connectors.terminal import TerminalChannel
 from store import DONE, FAILED, Writes
 from tests.fakes.llm_server import FakeLLMServer, Reply
 
@@ -47,10 +45,9 @@ class Harness:
     def __init__(self, store, client, tmp_path, config=SMALL):
         self.store = store
         self.http = httpx.AsyncClient()
-        self.deps = AgentDeps(store=store, config=build_config(config, home=tmp_path),
-                              client=client, toolbox=ToolBox(*FACT_TOOLS), http=self.http)
-        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
-        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
+        app = wire(build_config(config, home=tmp_path), store, client, self.http,
+                   toolbox=ToolBox(*FACT_TOOLS), options=OPTIONS)
+        self.deps, self.runner = app.deps, app.runner
         self.n = 0
 
     async def say(self, text_, session="cli:m", owner=None, scope=None):

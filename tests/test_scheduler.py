@@ -7,19 +7,18 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
-from bot.agent.deps import AgentDeps
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Response, ToolCall
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.scheduler.loop import Scheduler
 from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolBox, ToolContext
 from bot.tools.permissions import Recipients
 from connectors.email.channel import EmailChannel
+from connectors.email.config import EmailConfig
 from connectors.slack.outbound import SlackChannel
-from connectors.terminal import TerminalChannel
 from store import DONE, ScheduleWrite, Writes, new_id
 
 TZ = "Europe/Vienna"
@@ -38,17 +37,19 @@ class Clock:
 
 
 @pytest.fixture
-async def deps(store, tmp_path):
-    http = httpx.AsyncClient()
-
+async def app(store, tmp_path):
+    """The real wiring with a model that says the reminder, and the schedule tool."""
     async def answer(request):
         return Response(text="Reminder: " + request.messages[-1].content.splitlines()[-1])
 
-    d = AgentDeps(store=store, config=build_config({}, home=tmp_path),
-                  client=ScriptedModel(answer), toolbox=ToolBox(schedule_tool), http=http)
-    d.channels["cli"] = TerminalChannel(d.events)
-    yield d
-    await http.aclose()
+    async with httpx.AsyncClient() as http:
+        yield wire(build_config({}, home=tmp_path), store, ScriptedModel(answer), http,
+                   toolbox=ToolBox(schedule_tool), options=RunnerOptions(poll_seconds=0.02))
+
+
+@pytest.fixture
+def deps(app):
+    return app.deps
 
 
 async def add(store, spec, next_at, *, catchup="latest", conversation_id=None) -> str:
@@ -127,12 +128,12 @@ async def test_a_broken_schedule_is_retired_and_the_others_still_fire(store, dep
     assert len(await occurrences(store, good)) == 1
 
 
-async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, deps):
+async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, app, deps):
     conv = await store.ensure_conversation("cli:mine")
     sid = await add(store, {"kind": "cron", "expr": "0 9 * * *"}, ts(2026, 12, 1, 9),
                     conversation_id=conv.id)
     await Scheduler(deps, clock=Clock(ts(2026, 12, 1, 9))).fire_due()
-    runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    runner = app.runner
     await asyncio.wait_for(runner.run(until_idle=True), 30)
     [turn] = await occurrences(store, sid)
     assert turn.state == DONE
@@ -142,20 +143,27 @@ async def test_the_occurrence_is_answered_in_the_conversation_that_asked(store, 
     assert delivery.state == DONE and delivery.inputs["channel"] == "cli"
 
 
-# How the Slack and email channels address someone new (their static methods, no server).
-ADDRESSING = {"slack": SlackChannel, "email": EmailChannel}
+def addressing() -> dict:
+    """The Slack and email channels, only to address someone new: no server behind them
+    (addressing asks none)."""
+    email = EmailConfig(enabled=True, address="steward@example.org", imap_host="imap.test",
+                        smtp_host="smtp.test")
+    return {"slack": SlackChannel(None, None, None),  # type: ignore[arg-type]
+            "email": EmailChannel(email, open_session=None, smtp_password=None,
+                                  sender_name="Steward")}
 
 
 async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):
     conv = await store.ensure_conversation("cli:tool")
 
     origin = {"channel": "slack", "reply_to": {"channel": "D1", "user": "U1", "team": "T"}}
+    channels = addressing()
 
     async def call(**arguments):
         ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
                           http=deps.http, timezone=TZ, origin=origin,
                           recipients=Recipients.of(["ana@example.org"], ["slack", "email"]),
-                          channels=ADDRESSING)
+                          channels=channels)
         result = await schedule_tool.run(ctx, arguments)
         await store.commit(ctx.writes)
         return result.content
@@ -247,7 +255,7 @@ async def test_schedules_are_touched_only_by_whoever_made_them(store, deps):
     assert await call(ana, action="cancel", schedule_id=s.id) == "Cancelled 'pills'."
 
 
-async def test_the_agent_schedules_through_its_tool(store, deps, tmp_path):
+async def test_the_agent_schedules_through_its_tool(store, app, deps, tmp_path):
     model = ScriptedModel([
         Response(tool_calls=[ToolCall(id="s1", name="schedule", arguments={
             "action": "create", "name": "standup", "prompt": "Say good morning.",
@@ -257,7 +265,7 @@ async def test_the_agent_schedules_through_its_tool(store, deps, tmp_path):
     from bot.agent.inbox import submit_message
     await submit_message(store, channel="cli", external_ids=["m1"],
                          conversation_key="cli:agent", text="every weekday at 9 say hi")
-    runner = Runner(store, build_registry(deps), RunnerOptions(poll_seconds=0.02))
+    runner = app.runner
     await asyncio.wait_for(runner.run(until_idle=True), 30)
     [s] = await store.list_schedules()
     assert s.name == "standup" and s.conversation_id is not None

@@ -25,9 +25,11 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.agent.tool_result import tool_outcome
+from bot.channels import Channel, typed_approval
 from bot.provenance import MARK, marked
 from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
 from store import PENDING, NotFound, Store, Writes
@@ -47,19 +49,20 @@ def code_of(approval_id: str) -> str:
     return hashlib.sha256(approval_id.encode()).hexdigest()[:8]
 
 
-def request_text(summary: str, code: str, channel: str, expires_at: float) -> str:
+def request_text(summary: str, code: str, channel: Channel | None, expires_at: float) -> str:
+    """The request's text; how to answer it is the channel's to say (a channel not served
+    by this process: by typing, which every channel takes)."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires_at))
-    how = {"email": f"Reply to this mail with YES {code} to approve, or NO {code} to refuse",
-           "slack": f"Press Approve or Deny, or reply `yes {code}` or `no {code}`"}.get(
-        channel, f"Answer `yes {code}` or `no {code}` (e.g. steward ask \"yes {code}\")")
+    how = channel.how_to_approve(code) if channel is not None else typed_approval(code)
     return f"Approval needed: may I {summary}?\n{how}. Unanswered by {when}, it is refused."
 
 
 class Approval(TaskDef):
     kind = KIND
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, channels: Mapping[str, Channel] | None = None):
         self.store = store
+        self.channels = channels if channels is not None else {}  # by name, as AgentDeps
 
     async def step(self, ctx: TaskContext):
         if ctx.phase == "":
@@ -73,7 +76,8 @@ class Approval(TaskDef):
         code = code_of(ctx.task.id)
         ctx.writes.submit(CODES, code, conversation_id=ctx.task.conversation_id,
                           task_id=ctx.task.id)
-        text = request_text(i["summary"], code, i["channel"], i["expires_at"])
+        text = request_text(i["summary"], code, self.channels.get(i["channel"]),
+                            i["expires_at"])
         ctx.writes.deliver("deliver", {
             "channel": i["channel"], "text": text, "reply_to": i["reply_to"],
             "approval": {"id": ctx.task.id, "code": code, "summary": i["summary"]}},

@@ -36,8 +36,7 @@ class Deliver(Effect):
         store = self.deps.store
         conversation = await store.known_conversation(ctx.task.conversation_id)
         reply_to = ctx.inputs.get("reply_to", {})
-        ref_of = getattr(channel, "withdrawal_ref", None)
-        ref = ref_of(reply_to) if ref_of is not None else None
+        ref = channel.withdrawal_ref(reply_to)
         withdrawn = ref is not None and \
             await store.submission_state(f"{name}:history", ref) is not None
         covers: tuple[dict[str, Any], ...] = ()
@@ -94,7 +93,6 @@ class Deliver(Effect):
     async def perform(self, ctx: TaskContext):
         channel, message = await self._target(ctx)
         if message.withdrawn:
-            retract = getattr(channel, "retract", None)
-            taken_back = await retract(message) if retract is not None else {}
+            taken_back = await channel.retract(message)
             return {"skipped": SKIPPED, **(taken_back or {})}
         return await channel.send(message)

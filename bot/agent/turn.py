@@ -221,8 +221,9 @@ class Turn(TaskDef):
         # turns stored before it was an input fall back to the conversation's owner.
         who = ctx.inputs.get(ASKER) or conversation.owner
         said = await self._answered(ctx)
+        channel = self.deps.channels.get(ctx.inputs.get("channel") or "")
         return Asking(recipients(self.deps),
-                      asker=who if ctx.inputs.get("channel") == "email" else None,
+                      asker=channel.asker_address(who) if channel is not None else None,
                       read_outside=ctx.checkpoint.get("read_outside")
                       or first(of_entry(e) for e in said),
                       who=who or "local", own_words=own_words(said))

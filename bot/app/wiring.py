@@ -1,14 +1,22 @@
 """Application wiring: config -> store -> LLM client, tools, channels -> task definitions
--> runner. Connectors plug in here (never into the core) as they arrive."""
+-> runner. Connectors plug in here (never into the core) as they arrive.
+
+`wire` puts the parts together and does no I/O; `open_app` opens the parts the config
+names (the store, the HTTP client, the model client, the connectors), each unless it is
+handed one, and wires them. Tests use the same two with fakes plugged in (a scripted model,
+a channel of their own, a connector with test TLS), the way an HTTP client takes a
+transport: nothing rebuilt by hand."""
 
 import asyncio
+import functools
 import importlib
 import logging
 import os
 import signal
 import sys
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -21,19 +29,21 @@ from bot.agent.deps import AgentDeps
 from bot.agent.llm_call import LLMCall
 from bot.agent.tool_call import ToolCallTask
 from bot.agent.turn import Turn
+from bot.agent_port import LocalPort
 from bot.app import allocator, restore, taskdump
 from bot.app.backup_schedule import keep_backing_up
 from bot.app.config import StewardConfig as Config
 from bot.app.home_lock import HomeBusy, HomeLock
 from bot.app.opened import opened_store
 from bot.app.systemd import Notifier
+from bot.channels import Channel, Connector
 from bot.config import unset_secrets
 from bot.llm.factory import make_client
 from bot.memory import embeddings as _embeddings
 from bot.memory.embedding_task import EmbedEntries, ensure_embedding
 from bot.memory.facts import FACT_TOOLS
 from bot.memory.search import search_history
-from bot.port import AgentPort
+from bot.port import Host
 from bot.runtime import Registry, Runner, RunnerOptions
 from bot.runtime.lock import RunnerLock
 from bot.runtime.supervision import Health, describe
@@ -67,11 +77,21 @@ CONNECTORS = {"slack": "connectors.slack.connector:SlackConnector",
               "email": "connectors.email.connector:EmailConnector"}
 
 
-def build_connectors(config: Config, deps: AgentDeps) -> list:
-    """The enabled connectors, each registered as its deliveries' channel. One whose
-    secrets are not set is left out: only a command that does not serve it (`ask`, `chat`)
-    starts without them (bot/app/commands.py NEEDS); its deliveries wait for `run`."""
-    built = []
+# Builds a connector for the process, given the host (its section is the factory's to know).
+ConnectorFactory = Callable[[Host], Connector]
+
+
+def host_of(config: Config, deps: AgentDeps) -> Host:
+    """What every connector of this process is handed besides its section."""
+    return Host(port=LocalPort(deps), home=config.home, agent_name=config.agent.name,
+                secret=config.secret)
+
+
+def enabled_connectors(config: Config) -> list[ConnectorFactory]:
+    """A factory per enabled connector, its section bound. One whose secrets are not set is
+    left out: only a command that does not serve it (`ask`, `chat`) starts without them
+    (bot/app/commands.py NEEDS); its deliveries wait for `run`."""
+    factories: list[ConnectorFactory] = []
     for section, target in CONNECTORS.items():
         if not getattr(config, section).enabled:
             continue
@@ -79,16 +99,27 @@ def build_connectors(config: Config, deps: AgentDeps) -> list:
             log.info("%s left out of this process: %s", section, unset[0][1])
             continue
         module, _, name = target.partition(":")
-        connector = getattr(importlib.import_module(module), name)(config, AgentPort(deps))
+        connector = getattr(importlib.import_module(module), name)
+        factories.append(functools.partial(connector, getattr(config, section)))
+    return factories
+
+
+def build_connectors(config: Config, deps: AgentDeps,
+                     factories: Sequence[ConnectorFactory] | None = None) -> list[Connector]:
+    """The connectors `factories` build (default: the enabled ones), each handed this
+    process's `Host` and registered as its deliveries' channel."""
+    host = host_of(config, deps)
+    built = [make(host) for make in (enabled_connectors(config) if factories is None
+                                     else factories)]
+    for connector in built:
         deps.channels[connector.name] = connector.channel
-        built.append(connector)
     return built
 
 
 def build_registry(deps: AgentDeps) -> Registry:
     """Every task kind this build knows. A kind missing here leaves its tasks blocked."""
     return Registry(Turn(deps), LLMCall(deps), ToolCallTask(deps), Deliver(deps),
-                    Compact(deps), Approval(deps.store),
+                    Compact(deps), Approval(deps.store, deps.channels),
                     EmbedEntries(deps.store, _embeddings.attached(deps.store)))
 
 
@@ -111,52 +142,80 @@ class App:
     deps: AgentDeps
     runner: Runner
     banner: str | None  # one line for the user when no real model is configured
-    connectors: list  # enabled ones; started by `steward run`
+    connectors: list[Connector]  # enabled ones; started by `steward run`
     mcp: McpServers  # the configured MCP servers; connected on first use, or by `run`
     health: Health  # the long-lived loops' state (home/health.json while `run` serves)
 
 
+def wire(config: Config, store: Store, client, http: httpx.AsyncClient, *,
+         toolbox: ToolBox, channels: Mapping[str, Channel] | None = None,
+         connectors: Sequence[ConnectorFactory] | None = None,
+         options: RunnerOptions | None = None, mcp: McpServers | None = None,
+         banner: str | None = None) -> App:
+    """The agent from its parts, nothing opened or started: the terminal's channel, then
+    `channels` (by name), then the connectors (those `connectors` builds, else the
+    enabled ones), every task kind and a runner (`options`, else the config's)."""
+    deps = AgentDeps(store=store, config=config, client=client, toolbox=toolbox, http=http)
+    deps.channels["cli"] = TerminalChannel(deps.events)
+    deps.channels.update(channels or {})
+    built = build_connectors(config, deps, connectors)
+    health = Health(config.home)
+    runner = Runner(store, build_registry(deps), options or runner_options(config),
+                    health=health.loop("runner", give_up_after=OUTAGE_PATIENCE))
+    health.loops[runner.commits.name] = runner.commits
+    deps.wake = runner.wake
+    return App(config, store, deps, runner, banner, built,
+               mcp or McpServers(config.mcp, config.secret), health)
+
+
 @asynccontextmanager
-async def open_app(config: Config):
-    """The whole agent in this process, with what the last process left already resumed."""
-    async with opened_store(config) as store, httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=10.0)) as http:
-        client, banner = await make_client(config.llm, env=os.environ, http=http)
+async def open_app(config: Config, *, store: Store | None = None, client=None,
+                   channels: Mapping[str, Channel] | None = None,
+                   connectors: Sequence[ConnectorFactory] | None = None,
+                   options: RunnerOptions | None = None):
+    """The whole agent in this process, with what the last process left already resumed.
+    Each part not handed in is opened from the config: the store (`store`, closed here
+    only if opened here), the model client (`client`), the connectors (`connectors`:
+    factories of a `Host`); `channels` are added to the terminal's; `options`: the
+    runner's (default: the config's)."""
+    async with AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(opened_store(config))
+        http = await stack.enter_async_context(httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=10.0)))
+        banner = None
+        if client is None:
+            client, banner = await make_client(config.llm, env=os.environ, http=http)
         # Before the registry: the embedding task, the search tool and the recall use it.
         embedder = _embeddings.make(config, http)
         _embeddings.attach(store, embedder)
         mcp = McpServers(config.mcp, config.secret)
-        deps = AgentDeps(store=store, config=config, client=client,
-                         toolbox=await build_toolbox(config, mcp), http=http)
+        stack.push_async_callback(mcp.close)
+        toolbox = await build_toolbox(config, mcp)
         # The window the model's server really has (it may be smaller than configured).
         await capacity.learn_at_start(store, config, client, http)
-        for fallback in config.llm.fallbacks:  # each names its provider: nothing to probe
-            deps.fallbacks.append(((await make_client(fallback, env=os.environ, http=http,
-                                                      probe_ollama=False))[0], fallback))
-        deps.channels["cli"] = TerminalChannel(deps.events)
-        if (restored := await asyncio.to_thread(restore.on_start, config.home)) is not None:
+        fallbacks = [((await make_client(fallback, env=os.environ, http=http,
+                                         probe_ollama=False))[0], fallback)
+                     for fallback in config.llm.fallbacks]  # each names its provider
+        restored = await asyncio.to_thread(restore.on_start, config.home)
+        if restored is not None:
             log.warning("this home was restored from a backup taken %s: catching up, and "
                         "every delivery asks its channel first until %s",
                         time.strftime("%Y-%m-%d %H:%M", time.localtime(restored.taken_at)),
                         time.strftime("%H:%M", time.localtime(restored.reconcile_until)))
-            restore.widen_catchup(config, restored)
-            deps.reconcile_until = restored.reconcile_until
-        connectors = build_connectors(config, deps)
-        health = Health(config.home)
-        runner = Runner(store, build_registry(deps), runner_options(config),
-                        health=health.loop("runner", give_up_after=OUTAGE_PATIENCE))
-        health.loops[runner.commits.name] = runner.commits
-        deps.wake = runner.wake
+            restore.widen_catchup(config, restored)  # before the connectors read it
+        app = wire(config, store, client, http, toolbox=toolbox, channels=channels,
+                   connectors=connectors, options=options, mcp=mcp, banner=banner)
+        app.deps.fallbacks.extend(fallbacks)
+        if restored is not None:
+            app.deps.reconcile_until = restored.reconcile_until
         lock = RunnerLock(config.home / "runner.lock")
         alone = store.single_node and await asyncio.to_thread(lock.try_acquire)
-        try:
-            counts = await runner.recover(steal_all=alone)
-            log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
-            await ensure_embedding(store, embedder)
-            yield App(config, store, deps, runner, banner, connectors, mcp, health)
-        finally:
-            lock.release()
-            await mcp.close()
+        stack.callback(lock.release)
+        counts = await app.runner.recover(steal_all=alone)
+        log.info("resumed %(resumed)d running and %(unblocked)d blocked tasks", counts)
+        await ensure_embedding(store, embedder)
+        yield app
 
 
 def _print_aside(message) -> None:
@@ -207,10 +266,10 @@ async def _serve(config: Config) -> int:
         app.mcp.start()  # kept up from now on, restarted when they die
         for connector in app.connectors:
             await connector.start()
-            app.health.connected[connector.name] = lambda c=connector: getattr(c, "up", True)
+            app.health.connected[connector.name] = lambda c=connector: c.up
         if app.banner:
             print(app.banner, file=sys.stderr, flush=True)
-        names = ", ".join(c.name if getattr(c, "up", True) else f"{c.name} (connecting)"
+        names = ", ".join(c.name if c.up else f"{c.name} (connecting)"
                           for c in app.connectors) or "none"
         print(f"steward: running on {app.store.dialect} ({config.home}); connectors: {names}; "
               "Ctrl-C to stop", flush=True)

@@ -155,15 +155,19 @@ def _anchored(spec: dict, base) -> dict:
 
 async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
                   name: str) -> dict | str:
-    """Where a schedule's answers go: {"channel", "reply_to", "here"}, or an error."""
+    """Where a schedule's answers go: {"channel", "reply_to", "here"}, or an error. Which
+    channel can mail an address, or reach the person directly, the channels say
+    (bot.channels.Channel); `deliver_to` names the medium, as the model asks for it."""
     origin = {"channel": ctx.origin.get("channel") or "cli",
               "reply_to": ctx.origin.get("reply_to") or {}, "here": True}
     if deliver_to == "here":
         return origin
+    here = ctx.channels.get(origin["channel"])
     if deliver_to == "email":
-        asker = None  # known by address only when asked by mail
-        if ctx.conversation_id is not None and origin["channel"] == "email":
-            asker = (await ctx.store.known_conversation(ctx.conversation_id)).owner
+        asker = None  # known by address only where the channel knows people so (mail)
+        if ctx.conversation_id is not None and here is not None:
+            asker = here.asker_address(
+                (await ctx.store.known_conversation(ctx.conversation_id)).owner)
         address = email or asker
         if not address:
             return "error: deliver_to=email needs an `email` address"
@@ -171,16 +175,14 @@ async def _target(ctx: ToolContext, deliver_to: str, email: str | None,
         if refusal is not None and not (ctx.approved
                                         and ctx.recipients.may_approve_email(address)):
             return f"error: not scheduled: {refusal}"
-        mail = ctx.channels.get("email")
+        mail = next((c for c in ctx.channels.values() if c.reaches_addresses), None)
         if mail is None:
             return "error: not scheduled: email is not enabled here"
-        return {"channel": "email", "reply_to": mail.address_of(address, subject=name)}
-    slack = ctx.channels.get("slack")
-    where = slack.direct_to(origin["reply_to"]) if slack is not None and \
-        origin["channel"] == "slack" else None
+        return {"channel": mail.name, "reply_to": mail.address_of(address, subject=name)}
+    where = here.direct_to(origin["reply_to"]) if here is not None else None
     if where is None:
         return "error: deliver_to=slack_dm works from a Slack conversation only"
-    return {"channel": "slack", "reply_to": where}
+    return {"channel": here.name, "reply_to": where}
 
 
 def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict,

@@ -51,19 +51,22 @@ NETWORK = "network"  # reaches hosts on the network: its `url` argument leaves S
 
 @dataclass(frozen=True)
 class Recipients:
-    """The configured circle and the channels that can deliver (built per tool call)."""
+    """The configured circle and the channels that can mail an address (built per tool
+    call)."""
 
     allowed: frozenset[str] = frozenset()  # addresses or "@domain", lower case
-    channels: frozenset[str] = frozenset()  # enabled delivery channels
+    # The enabled channels that can start a conversation with an address
+    # (`Channel.reaches_addresses`): without one, nothing is mailed.
+    mailers: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, entries: Iterable[str], channels: Iterable[str]) -> Recipients:
+    def of(cls, entries: Iterable[str], mailers: Iterable[str]) -> Recipients:
         return cls(frozenset(e.strip().lower() for e in entries if e.strip()),
-                   frozenset(channels))
+                   frozenset(mailers))
 
     def email_refusal(self, address: str, *, asker: str | None) -> str | None:
         """Why `address` may not be mailed for this asker (None: it may)."""
-        if "email" not in self.channels:
+        if not self.mailers:
             return "email is not enabled here (the [email] section of the config)"
         address = address.strip().lower()
         if not _is_address(address):
@@ -79,7 +82,7 @@ class Recipients:
     def may_approve_email(self, address: str) -> bool:
         """Whether the person's yes can make mail to `address` possible: only a real
         address through an enabled channel (a refusal for anything else stands)."""
-        return "email" in self.channels and _is_address(address.strip())
+        return bool(self.mailers) and _is_address(address.strip())
 
 
 def _is_address(text: str) -> bool:
@@ -101,11 +104,12 @@ class Asking:
 
 def recipients(deps: Any) -> Recipients:
     """The circle from the config and the channels' own (email: its allowed senders), and
-    the channels this process can deliver through."""
+    the channels this process can mail an address through."""
     circle = list(deps.config.agent.allowed_recipients)
     for channel in deps.channels.values():
-        circle += getattr(channel, "circle", ())
-    return Recipients.of(circle, deps.channels)
+        circle += channel.circle
+    return Recipients.of(circle, [name for name, channel in deps.channels.items()
+                                  if channel.reaches_addresses])
 
 
 def approval_needed(tool: Any, arguments: dict, asking: Asking, *, custom: bool,

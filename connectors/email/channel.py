@@ -55,7 +55,8 @@ import logging
 import ssl
 from typing import Any
 
-from bot.port import NotPerformed, Outbound, Unavailable, kill_point
+from bot.port import Channel, NotPerformed, Outbound, Unavailable
+from bot.runtime.killpoints import kill_point
 from connectors.email import smtp
 from connectors.email.config import EmailConfig
 from connectors.email.imap import CONNECTION_ERRORS, ImapError, ImapSession
@@ -67,8 +68,9 @@ QUEUED = "$StewardQueued"  # journaled, not known to be sent: sent again after a
 SENDING = "$StewardSending"  # the final dot was written: taken as sent after a crash
 
 
-class EmailChannel:
+class EmailChannel(Channel):
     name = "email"
+    reaches_addresses = True
 
     def __init__(self, config: EmailConfig, *, open_session, smtp_password: str | None,
                  sender_name: str, ssl_context: ssl.SSLContext | None = None):
@@ -79,8 +81,14 @@ class EmailChannel:
         self.sender_name = sender_name
         self.ssl_context = ssl_context
 
-    @staticmethod
-    def address_of(address: str, *, subject: str) -> dict[str, Any]:
+    def asker_address(self, who: str | None) -> str | None:
+        """A mail's author is known by address: the one it came from."""
+        return who
+
+    def how_to_approve(self, code: str) -> str:
+        return f"Reply to this mail with YES {code} to approve, or NO {code} to refuse"
+
+    def address_of(self, address: str, *, subject: str) -> dict[str, Any]:
         """A new thread to `address` (a scheduled job's answers, say)."""
         return {"to": address, "subject": subject}
 

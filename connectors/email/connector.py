@@ -1,13 +1,13 @@
 """The email connector: a mailbox watcher feeding the agent, and the channel its answers
-go out through. Built by the composition root as `EmailConnector(config, port)`."""
+go out through. Built by the composition root as `EmailConnector(section, host)`."""
 
 import asyncio
 import logging
 import ssl
-from typing import Any
 
-from bot.port import AgentPort
+from bot.port import Connector, Host
 from connectors.email.channel import EmailChannel
+from connectors.email.config import EmailConfig
 from connectors.email.imap import ImapSession
 from connectors.email.intake import Intake
 from connectors.email.watcher import Watcher
@@ -24,15 +24,16 @@ def message_limit(max_attachment_bytes: int) -> int:
     return max(MIN_MESSAGE_LIMIT, 4 * max_attachment_bytes + 1_000_000)
 
 
-class EmailConnector:
+class EmailConnector(Connector):
     name = "email"
 
-    def __init__(self, config: Any, port: AgentPort, *,
+    def __init__(self, config: EmailConfig, host: Host, *,
                  ssl_context: ssl.SSLContext | None = None,
                  max_message_bytes: int | None = None):
-        email = config.email
-        password = config.secret(email.imap_password_env)
-        smtp_password = config.secret(email.smtp_password_env) if email.smtp_user else None
+        email = config  # the [email] section
+        port = host.port
+        password = host.secret(email.imap_password_env)
+        smtp_password = host.secret(email.smtp_password_env) if email.smtp_user else None
 
         def open_session() -> ImapSession:
             return ImapSession(host=email.imap_host, port=email.imap_port,
@@ -42,7 +43,7 @@ class EmailConnector:
 
         self.config = email
         self.channel = EmailChannel(email, open_session=open_session,
-                                    smtp_password=smtp_password, sender_name=config.agent.name,
+                                    smtp_password=smtp_password, sender_name=host.agent_name,
                                     ssl_context=ssl_context)
         self.intake = Intake(port, email, answered=self.channel.answered)
         self.watcher = Watcher(

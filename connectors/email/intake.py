@@ -9,7 +9,8 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from bot.port import AgentPort, Kept, kill_point
+from bot.port import AgentPort, Kept
+from bot.runtime.killpoints import kill_point
 from connectors.email import cursor as cursors
 from connectors.email.config import EmailConfig
 from connectors.email.headers import MSG_ID

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.port import REF, Kept, size_label
+from bot.attachments import size_label
+from bot.port import REF, Kept
 from connectors.email.parse import Attachment, Mail
 from connectors.email.trim import trim
 

@@ -27,7 +27,7 @@ import aiosmtplib
 from aiosmtplib import SMTPStatus
 from aiosmtplib.protocol import normalize_message_line_endings
 
-from bot.port import kill_point
+from bot.runtime.killpoints import kill_point
 from connectors.email.config import EmailConfig
 from connectors.email.errors import InDoubt, NotSent
 

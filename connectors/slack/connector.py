@@ -1,4 +1,4 @@
-"""The Slack connector: built by the composition root with `(config, port)` when
+"""The Slack connector: built by the composition root with `(section, host)` when
 `[slack] enabled = true`; `channel` is what deliveries use, under the name "slack".
 
     start()  auth.test (who Steward is; while Slack cannot be reached, asked again in the
@@ -28,14 +28,16 @@ import contextlib
 import dataclasses
 import logging
 import socket
-from typing import Any
 
-from bot.port import AgentPort, kill_point, make_private
+from bot.home import make_private
+from bot.port import Connector, Host
+from bot.runtime.killpoints import kill_point
 
 from . import faults
 from .ackloop import AckLoop
 from .actions import Clicks, parse_click
 from .catchup import CatchUp
+from .config import SlackConfig
 from .events import Identity, Inbound, Malformed, is_event_id
 from .files import Files
 from .history import People
@@ -58,14 +60,14 @@ JOURNAL_FILE = "slack-inbox.jsonl"
 CONNECT_BACKOFF_MAX = 60.0  # seconds between tries to reach Slack at the most
 
 
-class SlackConnector:
+class SlackConnector(Connector):
     name = CHANNEL
 
-    def __init__(self, config: Any, port: AgentPort):
-        s = config.slack
-        self.config = config
-        self.port = port
-        self.web = SlackWeb(config.secret(s.bot_token_env), s.api_base_url)
+    def __init__(self, config: SlackConfig, host: Host):
+        s = self.config = config  # the [slack] section
+        self.home = host.home  # the journal lives there
+        self.port = port = host.port
+        self.web = SlackWeb(host.secret(s.bot_token_env), s.api_base_url)
         self.messages = Messages(self.web)
         self.working = Working(self.web)
         self.streams = Streams(port.events, self.messages, channel=CHANNEL,
@@ -75,10 +77,10 @@ class SlackConnector:
                                     allow_broadcast=s.allow_broadcast_mentions)
         # Used on the ack loop only. Several workers on one store: in the store, where
         # any of them takes over what one acked and did not finish (shared_journal.py).
-        self.journal: Journal | SharedJournal = Journal(config.home / JOURNAL_FILE)
+        self.journal: Journal | SharedJournal = Journal(self.home / JOURNAL_FILE)
         if port.shared:
             self.journal = SharedJournal(port, s.takeover_seconds,
-                                         f"{socket.gethostname()}:{config.home}",
+                                         f"{socket.gethostname()}:{self.home}",
                                          lambda: self._agent_loop)
         self._sweeping: asyncio.Task | None = None
         self.ack = AckLoop()
@@ -86,7 +88,7 @@ class SlackConnector:
                            files=Files(port.http, self.web.token, s.api_base_url,
                                        s.max_file_bytes),
                            people=People(self.web), working=self.working,
-                           agent_name=config.agent.name)
+                           agent_name=host.agent_name)
         self.inbox.answer_to = self.messages.answer_to
         self.catchup = CatchUp(port, s, self.web, self.inbox)
         self.inbox.settled = self.catchup.settled
@@ -97,13 +99,13 @@ class SlackConnector:
         self._connecting: asyncio.Task | None = None  # Slack unreachable at start
         app = build_app(self.web, identity=self._identity, on_event=self._on_event,
                         on_action=self._on_action,
-                        signing_secret=config.secret(s.signing_secret_env)
+                        signing_secret=host.secret(s.signing_secret_env)
                         if s.mode == "http" else None)
         if s.mode == "http":
             self.transport: HttpTransport | SocketTransport = HttpTransport(
-                app, s.http_host, s.http_port, config.secret(s.signing_secret_env))
+                app, s.http_host, s.http_port, host.secret(s.signing_secret_env))
         else:
-            self.transport = SocketTransport(app, config.secret(s.app_token_env), self.web,
+            self.transport = SocketTransport(app, host.secret(s.app_token_env), self.web,
                                              on_reconnect=self._reconnected)
 
     def _identity(self) -> Identity:
@@ -233,7 +235,7 @@ class SlackConnector:
     async def _begin(self, info: dict) -> None:
         self.me = self.inbox.me = Identity(team=info["team_id"], user_id=info["user_id"],
                                            bot_id=info.get("bot_id") or "")
-        await asyncio.to_thread(make_private, self.config.home)  # the journal lives there
+        await asyncio.to_thread(make_private, self.home)  # the journal lives there
         self.ack.start()
         bodies = await self.ack.call(self.journal.open())
         if isinstance(self.journal, SharedJournal):
@@ -250,9 +252,9 @@ class SlackConnector:
     async def _carry_over(self, journal: SharedJournal) -> list[dict]:
         """What this home's own file journal still holds (written before the store was
         shared, or by an older version): moved into the store, then out of the file."""
-        if not (self.config.home / JOURNAL_FILE).exists():
+        if not (self.home / JOURNAL_FILE).exists():
             return []
-        local = Journal(self.config.home / JOURNAL_FILE)
+        local = Journal(self.home / JOURNAL_FILE)
         bodies = await self.ack.call(local.open())
         for body in bodies:
             await self.port.journal_put(CHANNEL, body.get("event_id") or "", body,

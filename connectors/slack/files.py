@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bot.port import Kept, wanted
+from bot.attachments import wanted
+from bot.port import Kept
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from slack_sdk.errors import SlackApiError
 
-from bot.port import answer_key, known_timezone
+from bot.port import answer_key
+from bot.tools.base import known_timezone
 
 from .events import Identity, Inbound, unescape
 from .messages import META_TYPE, answered_by

@@ -42,7 +42,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.port import REF, AgentPort, kill_point
+from bot.port import REF, AgentPort
+from bot.runtime.killpoints import kill_point
 from connectors.slack.config import SlackConfig
 
 from . import faults, routing

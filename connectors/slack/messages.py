@@ -30,7 +30,8 @@ from typing import Any
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
-from bot.port import answer_key, kill_point
+from bot.port import answer_key
+from bot.runtime.killpoints import kill_point
 
 from . import faults
 from .routing import CHANNEL

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bot.port import Outbound, Unavailable, kill_point
+from bot.port import Channel, Outbound, Unavailable
+from bot.runtime.killpoints import kill_point
 
 from . import faults
 from .actions import approval_blocks
@@ -30,7 +31,7 @@ from .working import Working
 
 log = logging.getLogger(__name__)
 
-class SlackChannel:
+class SlackChannel(Channel):
     name = "slack"
     shows_progress = True  # the "working on it" sign on every message an answer covers
 
@@ -41,16 +42,17 @@ class SlackChannel:
         self.streams = streams
         self.working = working
 
-    @staticmethod
-    def direct_to(where: dict[str, Any]) -> dict[str, Any] | None:
+    def how_to_approve(self, code: str) -> str:
+        return f"Press Approve or Deny, or reply `yes {code}` or `no {code}`"
+
+    def direct_to(self, where: dict[str, Any]) -> dict[str, Any] | None:
         """A direct message to the person who wrote from `where`: posting to a user id
         lands in the bot's DM with them."""
         if not where.get("user"):
             return None
         return {"team": where.get("team"), "channel": where["user"], "user": where["user"]}
 
-    @staticmethod
-    def withdrawal_ref(where: dict[str, Any]) -> str | None:
+    def withdrawal_ref(self, where: dict[str, Any]) -> str | None:
         """Where the deletion of the message an answer replies to is recorded (inbound)."""
         if not where.get("message_ts"):
             return None

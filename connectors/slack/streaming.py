@@ -21,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.port import Events, kill_point
+from bot.port import Events
+from bot.runtime.killpoints import kill_point
 
 from . import faults
 from .messages import Messages

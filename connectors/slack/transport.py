@@ -39,7 +39,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.signature import SignatureVerifier
 
-from bot.port import kill_point
+from bot.runtime.killpoints import kill_point
 
 from .events import Identity
 from .web import SlackWeb

@@ -1,18 +1,16 @@
-"""The agent's runtime in-process for tool tests: a scripted model, the built-in tools plus
-any others, the real task definitions and a runner, on the test's store."""
+"""The agent's runtime in-process for tool tests: the real wiring (`bot.app.wiring.wire`)
+with a scripted model, the built-in tools plus any others, and the test's store plugged in."""
 
 import asyncio
 from contextlib import asynccontextmanager
 
 import httpx
 
-from bot.agent.deps import AgentDeps
 from bot.agent.inbox import submit_message
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
-from bot.runtime import Runner, RunnerOptions
+from bot.app.wiring import wire
+from bot.runtime import RunnerOptions
 from bot.tools import Tool, ToolBox, builtin_tools
-from connectors.terminal import TerminalChannel
 
 RIG_OPTIONS = RunnerOptions(concurrency=4, lease_seconds=5, retry_base_seconds=0.01,
                             retry_max_seconds=0.02, poll_seconds=0.02)
@@ -28,11 +26,10 @@ class Rig:
         config = build_config({"runtime": {"retry_base_seconds": 0.01,
                                            "retry_max_seconds": 0.02}, **(config or {})},
                               home=tmp_path)
-        self.deps = AgentDeps(store=store, config=config, client=model,
-                              toolbox=ToolBox(*builtin_tools(), *extra), http=self.http)
-        self.deps.channels["cli"] = TerminalChannel(self.deps.events)
-        self.registry = build_registry(self.deps)
-        self.runner = Runner(store, self.registry, RIG_OPTIONS)
+        self.app = wire(config, store, model, self.http,
+                        toolbox=ToolBox(*builtin_tools(), *extra), options=RIG_OPTIONS)
+        self.deps, self.runner = self.app.deps, self.app.runner
+        self.registry = self.runner.registry
 
     async def say(self, text: str, session: str = "cli:rig", owner: str | None = None) -> str:
         accepted = await submit_message(self.store, channel="cli", external_ids=[text],

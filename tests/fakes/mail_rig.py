@@ -1,5 +1,6 @@
-"""Steward's email connector in-process for tests: a real store, the real runner and agent
-turn with a scripted model, the connector pointed at a `Dovecot` and an `SmtpSink`. And
+"""Steward's email connector in-process for tests: the real wiring (`bot.app.wiring.wire`)
+with a real store, a scripted model and the connector (its TLS and size options the
+test's) pointed at a `Dovecot` and an `SmtpSink`. And
 `mail(...)`, a builder for the messages people send."""
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from email.utils import formatdate
 import httpx
 import pytest
 
-from bot.agent.deps import AgentDeps
 from bot.app.config import build_config
-from bot.app.wiring import build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
-from bot.port import AgentPort
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox
 from connectors.email import cursor as cursors
 from connectors.email.connector import EmailConnector
@@ -94,12 +93,12 @@ class Rig:
             home=home, env={"STEWARD_IMAP_PASSWORD": account.password})
         self.model = ScriptedModel(answer)
         self.http = httpx.AsyncClient()
-        self.deps = AgentDeps(store=store, config=self.config, client=self.model,
-                              toolbox=ToolBox(), http=self.http)
-        self.connector = EmailConnector(self.config, AgentPort(self.deps), **(connector or {}))
-        self.deps.channels["email"] = self.connector.channel
-        self.runner = Runner(store, build_registry(self.deps), OPTIONS)
-        self.deps.wake = self.runner.wake
+        section = self.config.email
+        self.app = wire(self.config, store, self.model, self.http, toolbox=ToolBox(),
+                        options=OPTIONS, connectors=[
+                            lambda host: EmailConnector(section, host, **(connector or {}))])
+        self.deps, self.runner = self.app.deps, self.app.runner
+        [self.connector] = self.app.connectors
         self._serving: asyncio.Task | None = None
 
     async def start(self, *, connected: bool = True, watch: bool = True) -> Rig:

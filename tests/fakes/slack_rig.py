@@ -1,6 +1,6 @@
 """A Slack connector running in-process against the fake Slack: the real wiring
-(`bot.app.wiring.build_connectors`), a real runner, a store, and a model (scripted or the fake
-LLM server). Events go to it over real HTTP (HTTP mode) or the fake Socket Mode server."""
+(`bot.app.wiring.wire`), a real runner, a store, and a model (scripted or the fake LLM
+server) plugged in. Events go to it over real HTTP (HTTP mode) or the fake Socket Mode server."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from typing import Any
 
 import httpx
 
-from bot.agent.deps import AgentDeps
 from bot.app.config import build_config
-from bot.app.wiring import build_connectors, build_registry
+from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
-from bot.runtime import Runner, RunnerOptions
+from bot.runtime import RunnerOptions
 from bot.tools import ToolBox, builtin_tools
 from store import Store
 from tests.fakes.slack_events import SIGNING_SECRET, deliver
@@ -65,12 +64,11 @@ class SlackRig:
             "retry_base_seconds": 0.05, "retry_max_seconds": 0.1}}, home=home, env=ENV)
         self.client = client or echo_model()
         self.http = httpx.AsyncClient(timeout=30)
-        self.deps = AgentDeps(store=store, config=self.config, client=self.client,
-                              toolbox=ToolBox(*(builtin_tools() if tools is None
-                                                else tools)), http=self.http)
-        self.connector = build_connectors(self.config, self.deps)[0]
-        self.runner = Runner(store, build_registry(self.deps), options)
-        self.deps.wake = self.runner.wake
+        self.app = wire(self.config, store, self.client, self.http,
+                        toolbox=ToolBox(*(builtin_tools() if tools is None else tools)),
+                        options=options)
+        self.deps, self.runner = self.app.deps, self.app.runner
+        [self.connector] = self.app.connectors
         self._serving: asyncio.Task | None = None
         self._run_tasks = run_tasks
 
