@@ -24,6 +24,8 @@ cache_ok
 _on_connect
 _on_begin
 _.isolation_level
+# slack_sdk's retry Jitter interface (connectors/slack/web.py)
+_.recalculate
 # aioimaplib's client factory hook, aiosmtplib's protocol state (connectors/email/)
 _.create_client
 _._response_pending

@@ -192,7 +192,7 @@ class Inbox:
         failures = 0
         while True:
             try:
-                await getattr(self, f"_on_{ev.kind}")(ev)
+                await self._handler(ev.kind)(ev)
             except Exception as exc:
                 kind = faults.outage_of(exc)
                 if kind is not None:  # no fault of the event's: wait, and try it again
@@ -295,6 +295,11 @@ class Inbox:
         """Steward follows a thread once it has a transcript for it."""
         conversation = await self.port.conversation(key)
         return conversation is not None and conversation.last_seq > 0
+
+    def _handler(self, kind: str):
+        """What takes in an event of `kind` (events.py makes these three)."""
+        return {"message": self._on_message, "edit": self._on_edit,
+                "delete": self._on_delete}[kind]
 
     async def _on_message(self, ev: Inbound) -> None:
         message_id = f"{ev.channel}:{ev.ts}"

@@ -56,11 +56,6 @@ class Lanes:
         return sum(len(h) for k, h in self._heaps.items() if k not in self._parked) + len(
             self._workers)
 
-    @property
-    def parked(self) -> int:
-        """Items in parked lanes (held by an outage)."""
-        return sum(len(self._heaps.get(k, ())) for k in self._parked)
-
     async def join(self, grace: float | None = None) -> bool:
         """Wait until every lane is empty or parked; False if `grace` seconds passed first."""
         try:
