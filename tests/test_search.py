@@ -12,7 +12,7 @@ from sqlalchemy import text
 from bot.app.config import build_config
 from bot.memory.search import search_command, search_history
 from bot.tools import ToolContext
-from store import Writes, open_store
+from store import Writes, hybrid, open_store
 from store.engine import create_engines, migrate
 from store.search import MAX_EXPANSION, explain, parse_query
 from store.search import search as search_on
@@ -74,15 +74,25 @@ async def test_a_recent_message_beats_an_equally_relevant_old_one(store):
     assert hits[0].score > hits[1].score > 0.5 * hits[0].score  # old, not forgotten
 
 
-async def test_the_users_own_words_beat_tool_output(store):
+async def test_stewards_own_output_is_no_evidence_unless_asked_for(store):
     conv = await store.ensure_conversation("cli:speaker")
     await filler(store, conv)
     await say(store, conv, "my passport number is X1234567",
               ("tool_result", "passport number X1234567 confirmed"),
-              ("assistant", "your passport number X1234567 is noted"))
+              {"kind": "assistant", "text": "your passport number X1234567 is noted",
+               "task_id": "turn-1"},
+              {"kind": "user", "text": "Reminder: renew the passport", "author": "scheduler"},
+              ("assistant", "Imported: my old passport number was X7654321"))
     found = await store.search("passport number", at=NOW)
-    # (any word counts since migration 0008: the filler's "number" ranks after these)
-    assert [h.entry.kind for h in found][:3] == ["user", "assistant", "tool_result"]
+    # what people said (an imported assistant entry has no turn: someone said it), never
+    # the tool's output, Steward's answer or a reminder's message
+    assert [h.entry.text for h in found][:2] == [
+        "my passport number is X1234567", "Imported: my old passport number was X7654321"]
+    assert all(h.entry.kind != "tool_result" and h.entry.task_id is None
+               and h.entry.author != "scheduler" for h in found)
+    asked = await hybrid.find(store, "passport number", at=NOW, answers=True)
+    assert "your passport number X1234567 is noted" in [h.entry.text for h in asked]
+    assert all(h.entry.kind != "tool_result" for h in asked)
 
 
 async def test_only_searchable_kinds_are_found(store):
@@ -91,7 +101,9 @@ async def test_only_searchable_kinds_are_found(store):
               ("system", "zanzibar rules"), ("compaction", "summary: zanzibar trip planned"),
               {"kind": "tool_result", "text": "earlier: zanzibar",
                "data": {"name": "search_history", "tool_call_id": "c1", "is_error": False}})
-    assert await texts(store, "zanzibar") == ["summary: zanzibar trip planned"]
+    assert await texts(store, "zanzibar") == []  # a summary is Steward's: asked for only
+    asked = await hybrid.find(store, "zanzibar", at=NOW, answers=True)
+    assert [h.entry.text for h in asked] == ["summary: zanzibar trip planned"]
 
 
 # --- paging and neighbours -----------------------------------------------------------------
@@ -410,17 +422,13 @@ async def test_the_tool_shows_date_place_speaker_and_neighbours_and_pages(store)
     assert lines[3].endswith("…") and len(lines[3]) < 200
     assert lines[4] == "(More may match: page=2.)"
 
-    # stemmed since 0008: "peanuts" also finds "peanut-free", whose short entry ranks above
-    # the long answer
+    # the tool's output is no evidence: it is neither found nor shown as a neighbour
     second = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 2})
-    assert "2. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #3" in second.content
-    assert "   > tool http_get: peanut-free recipes: 3 found" in second.content
-    third = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 3})
-    assert "3. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #2" in third.content
-    assert "   … user (erin): I am allergic to peanuts" in third.content
-    assert "   … tool http_get: peanut-free recipes: 3 found" in third.content
-    fourth = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 4})
-    assert fourth.content == "No more matches for 'peanuts' (page 4)."
+    assert "2. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #2" in second.content
+    assert "   … user (erin): I am allergic to peanuts" in second.content
+    assert "peanut-free" not in second.content
+    assert (await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 3})
+            ).content == "No more matches for 'peanuts' (page 3)."
     too_many = await search_history.run(ctx, {"query": "peanuts", "limit": 50})
     assert too_many.is_error and "limit" in too_many.content
     nowhere = ToolContext(store=store, task_id="T2", http=None)

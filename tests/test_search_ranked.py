@@ -127,7 +127,13 @@ async def test_quoted_text_is_required_and_exact(store):
     assert await texts(store, '"red bicycle"') == ["the red bicycle is in the shed"]
     assert await texts(store, '"red bicycle" shed wine') == ["the red bicycle is in the shed"]
     assert await texts(store, '"bicycle bell" red') == ["red wine and a bicycle bell"]
-    assert await texts(store, '"blue bicycle" red') == []
+    # a quote nothing holds (a misremembered title) is read as its words
+    found = await texts(store, '"blue bicycle" shed')
+    assert found[0] == "the red bicycle is in the shed" and len(found) == 3
+    await say(store, conv, "we watched The Glass Cartographer, what a film",
+              "a glass of water please")
+    assert (await texts(store, '"The Glass Cartografer"'))[0] == \
+        "we watched The Glass Cartographer, what a film"
 
 
 async def test_a_trailing_star_is_a_prefix(store):

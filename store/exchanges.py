@@ -1,0 +1,112 @@
+"""A turn is read with its neighbours: the second ranking pass of a search.
+
+Conversations answer in the next turn and refer back with pronouns: "what did you get your
+mom?" — "a telescope!" holds the answer and no word of the question; "she loved it" says
+"she" where the question says a name. The first pass (store/search.py, store/hybrid.py)
+ranks turns alone. This pass takes its best `HEAD` candidates and lets each lend part of
+its score to the turns right next to it in its conversation:
+
+    score'(x) = score(x) × own(x) + Σ share(n, x) × score(n)   over x's neighbours n
+
+    share   `ANSWERED` from a question (a turn ending in "?") to the turn right after it:
+            the reply; `NEIGHBOUR` otherwise, between turns next to each other
+    own     `NAME_ONLY` for a turn whose text has none of the question's words (it was
+            found by its speaker's name, or only by the question's time: "Catch ya
+            later!" is no answer to "What did Anna say about the gym?"), else 1
+
+A neighbour is the nearest turn on each side that is itself evidence (store/search.py
+`evidence`), at most `GAP` positions away (a tool call and its result may lie between).
+A turn found only as a neighbour joins the ranking as the reply to a question found.
+Everything past the first `HEAD` candidates keeps its order after them, so pages stay
+disjoint and in one order.
+"""
+
+import re
+
+from store.plain import run
+from store.reads import ENTRY as ENTRY_COLUMNS
+from store.records import Entry, entry_from_row
+
+__all__ = ["rerank"]
+
+HEAD = 60  # candidates of the first pass read with their neighbours
+ANSWERED = 0.5
+NEIGHBOUR = 0.25
+NAME_ONLY = 0.4
+GAP = 3
+_WORD = re.compile(r"\w+")
+_STEM = 5  # letters compared: "climbing" and "climbed" share "climb"
+
+
+def _stem(word: str) -> str:
+    return word.casefold()[:_STEM]
+
+
+def _question(e: Entry) -> bool:
+    return e.text.rstrip().endswith("?")
+
+
+async def _around(conn, found: list[Entry]) -> list[Entry]:
+    """The entries up to `GAP` positions either side of each of `found` (by the
+    conversation's (conversation_id, seq) key), in one round trip."""
+    pages, params = [], {}
+    for n, e in enumerate(found):
+        params.update({f"c{n}": e.conversation_id, f"lo{n}": e.seq - GAP,
+                       f"hi{n}": e.seq + GAP})
+        pages.append(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE conversation_id = :c{n} "
+                     f"AND seq BETWEEN :lo{n} AND :hi{n}")
+    rows = []
+    for i in range(0, len(pages), 200):  # SQLite allows 500 terms in a compound
+        rows += (await run(conn, " UNION ".join(pages[i:i + 200]), params)).all()
+    return [entry_from_row(r) for r in rows]
+
+
+async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evidence,
+                 ) -> list[tuple[int, float]]:
+    """`found` (entry id, score; best first) re-ranked with neighbours as evidence.
+    `words`: the question's looked-up words (for `own`); `evidence(entry)`: whether an
+    entry may be ranked at all."""
+    head = found[:HEAD]
+    if not head:
+        return found
+    score = dict(head)
+    ids = {f"i{n}": i for n, (i, _) in enumerate(head)}
+    rows = (await run(conn, (f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id IN "
+                             f"({', '.join(':' + k for k in ids)})"), ids)).all()
+    hits = [entry_from_row(r) for r in rows]
+    near = {e.id: e for e in await _around(conn, hits) if e.text.strip() and evidence(e)}
+    by_place = {(e.conversation_id, e.seq): e for e in near.values()}
+    stems = {_stem(w) for w in words if len(w) >= 3}
+
+    def side(e: Entry, step: int) -> Entry | None:
+        for k in range(1, GAP + 1):
+            n = by_place.get((e.conversation_id, e.seq + step * k))
+            if n is not None:
+                return n
+        return None
+
+    def own(e: Entry) -> float:
+        if not stems:
+            return 1.0
+        said = {_stem(w) for w in _WORD.findall(e.text)}
+        return 1.0 if stems & said else NAME_ONLY
+
+    new: dict[int, float] = {}
+    for e in near.values():
+        total = score.get(e.id, 0.0) * own(e)
+        before, after = side(e, -1), side(e, 1)
+        if before is not None and before.id in score and _question(before) and stems:
+            total += ANSWERED * score[before.id]
+        elif e.id not in score:
+            continue  # joins only as the reply to a question found by its words
+        elif before is not None and before.id in score:
+            total += NEIGHBOUR * score[before.id]
+        if after is not None and after.id in score:
+            total += NEIGHBOUR * score[after.id]
+        if total > 0:
+            new[e.id] = total
+    for i, s in head:  # a candidate whose entry is gone or not evidence keeps its place
+        new.setdefault(i, s if i not in near else 0.0)
+    ranked = sorted(((i, s) for i, s in new.items() if s > 0), key=lambda kv: (-kv[1], -kv[0]))
+    seen = {i for i, _ in ranked}
+    return ranked + [(i, s) for i, s in found[HEAD:] if i not in seen]
