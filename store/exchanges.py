@@ -12,7 +12,9 @@ its score to the turns right next to it in its conversation:
             the reply; `NEIGHBOUR` otherwise, between turns next to each other
     own     `NAME_ONLY` for a turn whose text has none of the question's words (it was
             found by its speaker's name, or only by the question's time: "Catch ya
-            later!" is no answer to "What did Anna say about the gym?"), else 1
+            later!" is no answer to "What did Anna say about the gym?"); `REQUEST` for a
+            message that asked Steward to search (its turn called `search_history`):
+            "search my history for climbing" says nothing about climbing; else 1
 
 A neighbour is the nearest turn on each side that is itself evidence (store/search.py
 `evidence`), at most `GAP` positions away (a tool call and its result may lie between).
@@ -33,6 +35,8 @@ HEAD = 60  # candidates of the first pass read with their neighbours
 ANSWERED = 0.5
 NEIGHBOUR = 0.25
 NAME_ONLY = 0.4
+REQUEST = 0.2
+SEARCH_RESULT = '%"name":"search_history"%'  # a tool result's data (bot/memory/search.py)
 GAP = 3
 _WORD = re.compile(r"\w+")
 _STEM = 5  # letters compared: "climbing" and "climbed" share "climb"
@@ -61,6 +65,19 @@ async def _around(conn, found: list[Entry]) -> list[Entry]:
     return [entry_from_row(r) for r in rows]
 
 
+async def _searched(conn, entries: list[Entry]) -> set[str]:
+    """The turns among those of `entries` (user messages) that called `search_history`."""
+    turns = sorted({e.task_id for e in entries if e.kind == "user" and e.task_id})
+    if not turns:
+        return set()
+    params = {f"t{n}": t for n, t in enumerate(turns)}
+    rows = (await run(conn, (
+        f"SELECT DISTINCT task_id FROM entries WHERE task_id IN "
+        f"({', '.join(':' + k for k in params)}) AND kind = 'tool_result' "
+        f"AND data LIKE :pattern"), {**params, "pattern": SEARCH_RESULT})).all()
+    return {r[0] for r in rows}
+
+
 async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evidence,
                  ) -> list[tuple[int, float]]:
     """`found` (entry id, score; best first) re-ranked with neighbours as evidence.
@@ -77,8 +94,9 @@ async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evid
     near = {e.id: e for e in await _around(conn, hits) if e.text.strip() and evidence(e)}
     by_place = {(e.conversation_id, e.seq): e for e in near.values()}
     stems = {_stem(w) for w in words if len(w) >= 3}
+    requests = await _searched(conn, list(near.values()))
 
-    def side(e: Entry, step: int) -> Entry | None:
+    def nearest(e: Entry, step: int) -> Entry | None:
         for k in range(1, GAP + 1):
             n = by_place.get((e.conversation_id, e.seq + step * k))
             if n is not None:
@@ -86,14 +104,23 @@ async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evid
         return None
 
     def own(e: Entry) -> float:
+        if e.task_id in requests:
+            return REQUEST
         if not stems:
             return 1.0
         said = {_stem(w) for w in _WORD.findall(e.text)}
         return 1.0 if stems & said else NAME_ONLY
 
+    def side(e: Entry, step: int) -> Entry | None:  # a request neither lends nor borrows
+        n = nearest(e, step)
+        return None if n is None or n.task_id in requests else n
+
     new: dict[int, float] = {}
     for e in near.values():
         total = score.get(e.id, 0.0) * own(e)
+        if e.task_id in requests:
+            new[e.id] = total
+            continue
         before, after = side(e, -1), side(e, 1)
         if before is not None and before.id in score and _question(before) and stems:
             total += ANSWERED * score[before.id]

@@ -95,6 +95,26 @@ async def test_stewards_own_output_is_no_evidence_unless_asked_for(store):
     assert all(h.entry.kind != "tool_result" for h in asked)
 
 
+async def test_a_search_finds_what_was_said_not_earlier_searches_for_it(store):
+    conv = await store.ensure_conversation("cli:climbing")
+    await filler(store, conv)
+    await say(store, conv, {"kind": "user", "text": "I went to the new climbing gym on "
+                            "Saturday with my sister, my arms are dead", "task_id": "t1"},
+              {"kind": "assistant", "text": 'You said: "I went to the new climbing gym"',
+               "task_id": "t1"})
+    for turn in ("t2", "t3"):  # "search for climbing", twice
+        await say(store, conv, {"kind": "user", "text": "search for climbing",
+                                "task_id": turn},
+                  {"kind": "tool_result", "text": "1. user: I went to the new climbing gym",
+                   "task_id": turn, "data": {"name": "search_history"}},
+                  {"kind": "assistant", "text": "I found: I went to the new climbing gym",
+                   "task_id": turn})
+    found = await store.search("climbing", at=NOW)
+    assert found[0].entry.text.startswith("I went to the new climbing gym on Saturday")
+    assert [h.entry.text for h in found[1:]] == ["search for climbing"] * 2
+    assert found[1].score < 0.5 * found[0].score
+
+
 async def test_only_searchable_kinds_are_found(store):
     conv = await store.ensure_conversation("cli:kinds")
     await say(store, conv, ("aborted", "zanzibar half an answer"),
