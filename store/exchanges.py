@@ -6,10 +6,13 @@ mom?" — "a telescope!" holds the answer and no word of the question; "she love
 ranks turns alone. This pass takes its best `HEAD` candidates and lets each lend part of
 its score to the turns right next to it in its conversation:
 
-    score'(x) = score(x) × own(x) + Σ share(n, x) × score(n)   over x's neighbours n
+    score'(x) = mine(x) + Σ share(n, x) × mine(n)   over x's neighbours n,
+    mine(x) = score(x) × own(x)
 
-    share   `ANSWERED` from a question (a turn ending in "?") to the turn right after it:
-            the reply; `NEIGHBOUR` otherwise, between turns next to each other
+    share   `ANSWERED` from a question (a turn ending in "?") to the turn right after it,
+            the reply, and from a turn to the same person's next one, which goes on
+            about it ("she loved it"); `NEIGHBOUR` otherwise, between turns next to
+            each other
     own     `NAME_ONLY` for a turn whose text has none of the question's words (it was
             found by its speaker's name, or only by the question's time: "Catch ya
             later!" is no answer to "What did Anna say about the gym?"); `REQUEST` for a
@@ -18,23 +21,22 @@ its score to the turns right next to it in its conversation:
 
 A neighbour is the nearest turn on each side that is itself evidence (store/search.py
 `evidence`), at most `GAP` positions away (a tool call and its result may lie between).
-A turn found only as a neighbour joins the ranking as the reply to a question found.
+A turn found only as a neighbour joins the ranking as a reply or a continuation.
 Everything past the first `HEAD` candidates keeps its order after them, so pages stay
 disjoint and in one order.
 """
 
 import re
+from typing import NamedTuple
 
 from store.plain import run
-from store.reads import ENTRY as ENTRY_COLUMNS
-from store.records import Entry, entry_from_row
 
 __all__ = ["rerank"]
 
 HEAD = 60  # candidates of the first pass read with their neighbours
 ANSWERED = 0.5
 NEIGHBOUR = 0.25
-NAME_ONLY = 0.4
+NAME_ONLY = 0.1
 REQUEST = 0.2
 SEARCH_RESULT = '%"name":"search_history"%'  # a tool result's data (bot/memory/search.py)
 GAP = 3
@@ -42,12 +44,39 @@ _WORD = re.compile(r"\w+")
 _STEM = 5  # letters compared: "climbing" and "climbed" share "climb"
 
 
+COLUMNS = "id, conversation_id, seq, kind, author, task_id, text"
+
+
+class Entry(NamedTuple):
+    """What this pass reads of an entry (no `data`: decoding it cost more than the rest)."""
+
+    id: int
+    conversation_id: int
+    seq: int
+    kind: str
+    author: str | None
+    task_id: str | None
+    text: str
+
+
+_SUFFIX = re.compile(r"(?:ing|ed|es|s|ly|er|ers)$")
+
+
 def _stem(word: str) -> str:
-    return word.casefold()[:_STEM]
+    """A rough stem, as the index's (Porter) would compare: "reading" and "read",
+    "climbed" and "climbing" agree."""
+    word = word.casefold()
+    cut = _SUFFIX.sub("", word)
+    return (cut if len(cut) >= 3 else word)[:_STEM]
 
 
 def _question(e: Entry) -> bool:
     return e.text.rstrip().endswith("?")
+
+
+def _continues(e: Entry, before: Entry) -> bool:
+    """The same person's next turn, going on about what they just said ("she says...")."""
+    return e.author is not None and e.author == before.author and e.seq - before.seq == 1
 
 
 async def _around(conn, found: list[Entry]) -> list[Entry]:
@@ -57,12 +86,12 @@ async def _around(conn, found: list[Entry]) -> list[Entry]:
     for n, e in enumerate(found):
         params.update({f"c{n}": e.conversation_id, f"lo{n}": e.seq - GAP,
                        f"hi{n}": e.seq + GAP})
-        pages.append(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE conversation_id = :c{n} "
+        pages.append(f"SELECT {COLUMNS} FROM entries WHERE conversation_id = :c{n} "
                      f"AND seq BETWEEN :lo{n} AND :hi{n}")
     rows = []
     for i in range(0, len(pages), 200):  # SQLite allows 500 terms in a compound
         rows += (await run(conn, " UNION ".join(pages[i:i + 200]), params)).all()
-    return [entry_from_row(r) for r in rows]
+    return [Entry(*r) for r in rows]
 
 
 async def _searched(conn, entries: list[Entry]) -> set[str]:
@@ -88,9 +117,9 @@ async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evid
         return found
     score = dict(head)
     ids = {f"i{n}": i for n, (i, _) in enumerate(head)}
-    rows = (await run(conn, (f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id IN "
+    rows = (await run(conn, (f"SELECT {COLUMNS} FROM entries WHERE id IN "
                              f"({', '.join(':' + k for k in ids)})"), ids)).all()
-    hits = [entry_from_row(r) for r in rows]
+    hits = [Entry(*r) for r in rows]
     near = {e.id: e for e in await _around(conn, hits) if e.text.strip() and evidence(e)}
     by_place = {(e.conversation_id, e.seq): e for e in near.values()}
     stems = {_stem(w) for w in words if len(w) >= 3}
@@ -115,21 +144,23 @@ async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evid
         n = nearest(e, step)
         return None if n is None or n.task_id in requests else n
 
+    mine = {e.id: score[e.id] * own(e) for e in near.values() if e.id in score}
     new: dict[int, float] = {}
     for e in near.values():
-        total = score.get(e.id, 0.0) * own(e)
+        total = mine.get(e.id, 0.0)
         if e.task_id in requests:
             new[e.id] = total
             continue
         before, after = side(e, -1), side(e, 1)
-        if before is not None and before.id in score and _question(before) and stems:
-            total += ANSWERED * score[before.id]
-        elif e.id not in score:
-            continue  # joins only as the reply to a question found by its words
-        elif before is not None and before.id in score:
-            total += NEIGHBOUR * score[before.id]
-        if after is not None and after.id in score:
-            total += NEIGHBOUR * score[after.id]
+        if before is not None and before.id in mine and stems and (
+                _question(before) or _continues(e, before)):
+            total += ANSWERED * mine[before.id]
+        elif e.id not in mine:
+            continue  # joins only as a reply or a continuation of a turn found
+        elif before is not None and before.id in mine:
+            total += NEIGHBOUR * mine[before.id]
+        if after is not None and after.id in mine:
+            total += NEIGHBOUR * mine[after.id]
         if total > 0:
             new[e.id] = total
     for i, s in head:  # a candidate whose entry is gone or not evidence keeps its place
