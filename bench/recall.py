@@ -439,6 +439,7 @@ DATED = ["going {activity} with my {relative} tmrw, so excited",
 ACTIVITIES = ["camping", "kayaking", "skiing", "hiking", "fishing", "ice skating",
               "horse riding", "paragliding"]
 WEEKS = ["first", "second", "third"]
+CASUAL_SESSIONS = (45, 60)  # about a year of chat: longer than a small model's window
 
 
 def _typo(rng: random.Random, text: str) -> str:
@@ -457,7 +458,7 @@ def casual_conversation(rng: random.Random, n: int) -> tuple[list[dict], list[Qu
     """A casual chat over months, facts told in the styles above."""
     a, b = rng.sample(NAMES, 2)
     key = f"casual:{n:04d}-{a.lower()}-{b.lower()}"
-    sessions = rng.randint(*SESSIONS)
+    sessions = rng.randint(*CASUAL_SESSIONS)
     plan: list[list[tuple[str, str, str | None, str | None]]] = [[] for _ in
                                                                  range(sessions)]
     pending: list[tuple[str, str, str, int, str, str | None]] = []
