@@ -390,7 +390,7 @@ async def test_a_search_over_a_big_conversation_reads_the_index_not_the_table(st
                     assert "Index Scan using uq_entries_conversation_seq" not in plan, plan
     finally:
         await engines.dispose()
-    [hit] = await store.search("zeppelin", scopes=["private:dana"], at=NOW)
+    hit = (await store.search("zeppelin", scopes=["private:dana"], at=NOW))[0]
     assert (hit.entry.seq, [e.seq for e in hit.before], [e.seq for e in hit.after]) == (
         123456, [123455], [123457])
 
