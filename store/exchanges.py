@@ -2,9 +2,10 @@
 
 Conversations answer in the next turn and refer back with pronouns: "what did you get your
 mom?" — "a telescope!" holds the answer and no word of the question; "she loved it" says
-"she" where the question says a name. The first pass (store/search.py, store/hybrid.py)
-ranks turns alone. This pass takes its best `HEAD` candidates and lets each lend part of
-its score to the turns right next to it in its conversation:
+"she" where the question says a name. The first pass (store/search.py) ranks turns alone
+by their words. This pass takes its best `HEAD` candidates and lets each lend part of its
+score to the turns right next to it in its conversation (before any fusion with vectors,
+store/hybrid.py: reciprocal ranks are too flat to lend from):
 
     score'(x) = mine(x) + Σ share(n, x) × mine(n)   over x's neighbours n,
     mine(x) = score(x) × own(x)
@@ -109,9 +110,9 @@ async def _searched(conn, entries: list[Entry]) -> set[str]:
 
 async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evidence,
                  ) -> list[tuple[int, float]]:
-    """`found` (entry id, score; best first) re-ranked with neighbours as evidence.
-    `words`: the question's looked-up words (for `own`); `evidence(entry)`: whether an
-    entry may be ranked at all."""
+    """`found` (entry id, score; best first: the lexical ranking, before any fusion with
+    vectors) re-ranked with neighbours as evidence. `words`: the question's looked-up
+    words (for `own`); `evidence(entry)`: whether an entry may be ranked at all."""
     head = found[:HEAD]
     if not head:
         return found

@@ -80,18 +80,19 @@ async def find(store, query: str, *, scopes: list[str] | None = None,
         words = [w for t in _search.query_terms(_search.parse_query(query)) if not t.stop
                  for w in t.text.split()]
 
-        async def page(found):
-            found = await _exchanges.rerank(
+        async def lexical(depth: int):  # the words' ranking, each turn with its neighbours
+            found = await _search.ranked(conn, store.dialect, query, limit=depth, offset=0,
+                                         **args)
+            return await _exchanges.rerank(
                 conn, found, words, evidence=lambda e: _search.evidence(e, answers))
+
+        async def page(found):
             return await _search.hits_for(conn, found[offset:offset + limit], context,
                                           answers)
         if embedding is None:
-            return await page(await _search.ranked(
-                conn, store.dialect, query, limit=max(_exchanges.HEAD, offset + limit),
-                offset=0, **args))
+            return await page(await lexical(max(_exchanges.HEAD, offset + limit)))
         depth = max(fusion.depth, offset + limit)
-        lexical = await _search.ranked(conn, store.dialect, query, limit=depth, offset=0,
-                                       **args)
+        words_ranked = await lexical(max(_exchanges.HEAD, depth))
         try:
             scope = await _search._scope(conn, scopes, conversation_id)
         except _search._NoMatch:
@@ -103,4 +104,4 @@ async def find(store, query: str, *, scopes: list[str] | None = None,
         vector = sorted(((n.id, n.similarity * _factor(n, clock, when, names)) for n in near
                          if answers or n.kind in _search.NEIGHBOUR_KINDS),
                         key=lambda kv: (-kv[1], -kv[0]))
-        return await page(fuse(lexical, vector, Fusion(fusion.weight, depth, fusion.k)))
+        return await page(fuse(words_ranked, vector, Fusion(fusion.weight, depth, fusion.k)))
