@@ -187,3 +187,23 @@ async def test_a_long_message_looks_up_its_longest_words(store):
                        [f"w{i}" for i in range(40)])
     assert len(query_terms(parse_query(message))) <= 12
     assert await texts(store, message) == ["the quarterly reconciliation spreadsheet is done"]
+
+
+async def test_a_turn_is_read_with_its_neighbours(store):
+    """The reply to a question that matches holds the answer without a word of it; a
+    person's next turn goes on with a pronoun; a short turn that matches only by its
+    speaker's name is no answer."""
+    conv = await store.ensure_conversation("cli:exchanges")
+    rows = [("Bob", "what did you get your sister for her birthday?"),
+            ("Anna", "a telescope! she loved it"),
+            *[("Anna", f"catch ya later {i}!") for i in range(5)],
+            ("Anna", "my sister started at the library this week"),
+            ("Anna", "she says the people there are super nice"),
+            *[("Bob", f"ok {i}") for i in range(5)],
+            ("Anna", "the birthday cake was a disaster, I forgot the sugar")]
+    await say(store, conv, *[{"kind": "user", "text": t, "author": a} for a, t in rows])
+    found = await texts(store, "What did Anna give her sister for her birthday?")
+    assert "a telescope! she loved it" in found[:4]  # after the question it answers
+    assert not any(t.startswith("catch ya later") for t in found[:5])
+    found = await texts(store, "What does Anna's sister think of the library?")
+    assert found.index("she says the people there are super nice") <= 2
