@@ -100,3 +100,21 @@ async def test_a_message_with_nothing_to_look_up_recalls_nothing(store):
     assert not worth_searching("ok thanks") and not worth_searching("is it?")
     assert worth_searching("kayak?") and worth_searching("饺子") and worth_searching('"ok"')
     assert await recall(store, here, "ok thanks", in_window=set()) == ""
+
+
+async def test_stewards_own_output_is_never_recalled(store):
+    here = await compacted(store, "cli:now")
+    old = await store.ensure_conversation("cli:old", owner="me")
+    w = Writes()
+    w.append(old.id, "user", "search for the climbing gym", task_id="turn1",
+             created_at=1_700_000_000.0)
+    w.append(old.id, "tool_result", "1. me: I went to the climbing gym", task_id="turn1",
+             data={"name": "search_history"}, created_at=1_700_000_000.0)
+    w.append(old.id, "assistant", 'You said: "I went to the climbing gym"', task_id="turn1",
+             data={"final": True}, created_at=1_700_000_000.0)
+    await store.commit(w)
+    await said(store, old, ("me", TARGET))
+    found = await recall(store, here, "can you tell me about the climbing gym?",
+                         in_window=set())
+    assert found.splitlines()[0] == f"- 2023-11-14 me: {TARGET}"
+    assert "You said" not in found and "1. me:" not in found

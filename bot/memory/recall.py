@@ -10,7 +10,9 @@ word, with the turn before and after it (`NEIGHBOUR_CHARS`: the question it answ
 reply that answers it); a hit scoring under `RELATIVE_FLOOR` of the best one kept is left
 out (it shares a word or two, not the topic), and a message without a word of three
 letters ("ok", "hi") recalls nothing. History the window does not hold is recalled from
-the first turn on, an import's included, whether or not a compaction has run.
+the first turn on, an import's included, whether or not a compaction has run. What is
+recalled is what people said, never Steward's own answers (a message to Steward says
+"you" to it: that is no question about its answers).
 
 A fork is its own timeline: it recalls its own entries and its ancestors' up to the fork
 point, never what the parent said after the fork, nor a sibling or child fork's entries
@@ -23,7 +25,7 @@ from bot.memory import embeddings as _embeddings
 from bot.memory.search import excerpt, remember
 from bot.provenance import Marked, of_entry
 from store import Conversation, Entry, Store
-from store.search import parse_query, query_terms
+from store.search import evidence, parse_query, query_terms
 
 MAX_HITS = 20
 PAGE = 20  # hits read per search; up to SEARCH_PAGES when many are filtered out
@@ -114,7 +116,7 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
     for page in range(SEARCH_PAGES):
         hits = await remember(store, text, scopes=[conversation.scope], limit=PAGE,
                               offset=page * PAGE, context=1, zone=zone, at=at,
-                              embedder=_embeddings.attached(store))
+                              embedder=_embeddings.attached(store), answers=False)
         for hit in hits:
             e = hit.entry
             if e.id in in_window or e.kind == "compaction" or not e.text.strip():
@@ -133,8 +135,9 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
             continue
         when = datetime.fromtimestamp(e.created_at, zone).strftime("%Y-%m-%d")
         block = [f"- {when} {e.author or e.kind}: {excerpt(e.text, text, HIT_CHARS)}"]
-        around = [n for n in (*hit.before, *hit.after)
-                  if n.id not in shown and n.text.strip() and await timeline.allows(n)]
+        around = [n for n in (*hit.before, *hit.after)  # what people said, never Steward's
+                  if n.id not in shown and n.text.strip() and evidence(n)
+                  and await timeline.allows(n)]
         block += [f"  … {n.author or n.kind}: {excerpt(n.text, text, NEIGHBOUR_CHARS)}"
                   for n in around]
         size = sum(len(line) + 1 for line in block)
