@@ -16,7 +16,9 @@ store/hybrid.py: reciprocal ranks are too flat to lend from):
             each other
     own     `NAME_ONLY` for a turn whose text has none of the question's words (it was
             found by its speaker's name, or only by the question's time: "Catch ya
-            later!" is no answer to "What did Anna say about the gym?"); `REQUEST` for a
+            later!" is no answer to "What did Anna say about the gym?"), and less
+            again the fewer words it has (`FULL_TURN`: the speaker's name weighs most
+            in the shortest turns, which say least); `REQUEST` for a
             message that asked Steward to search (its turn called `search_history`):
             "search my history for climbing" says nothing about climbing; else 1
 
@@ -39,6 +41,7 @@ ANSWERED = 0.5
 NEIGHBOUR = 0.25
 NAME_ONLY = 0.1
 REQUEST = 0.2
+FULL_TURN = 12  # words: a shorter turn found without the question's words weighs less
 SEARCH_RESULT = '%"name":"search_history"%'  # a tool result's data (bot/memory/search.py)
 GAP = 3
 _WORD = re.compile(r"\w+")
@@ -138,8 +141,10 @@ async def rerank(conn, found: list[tuple[int, float]], words: list[str], *, evid
             return REQUEST
         if not stems:
             return 1.0
-        said = {_stem(w) for w in _WORD.findall(e.text)}
-        return 1.0 if stems & said else NAME_ONLY
+        words = _WORD.findall(e.text)
+        if stems & {_stem(w) for w in words}:
+            return 1.0
+        return NAME_ONLY * min(1.0, len(words) / FULL_TURN)
 
     def side(e: Entry, step: int) -> Entry | None:  # a request neither lends nor borrows
         n = nearest(e, step)
