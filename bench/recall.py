@@ -381,6 +381,174 @@ def corpus(seed: int, conversations: int) -> tuple[list[dict], list[Question]]:
     return rows, questions
 
 
+# -- the second corpus: casual chat ------------------------------------------------------
+# Built unlike the first: lower case, typos and chat shorthand; answers in the turn after a
+# question ("what did u get her?" - "a kite lol"), pronouns for what was named a turn
+# before, long turns of a life story told across sessions, and events dated by when they
+# were said, asked about by a week or part of a month.
+
+SLANG = ["lol", "omg", "haha", "tbh", "ngl", "idk", "ya", "yep", "nah", "ok ok", "same",
+         "brb", "ttyl", "wait what", "no way", "fr", "k", "catch ya later!", "hbu?"]
+CASUAL = ["ugh work was soooo long today", "did u see the game last nite", "lol same",
+          "im so tired, barely slept", "what r u up to this weekend?", "not much tbh",
+          "my {relative} keeps texting me memes", "we should hang out soon",
+          "the wifi here is sooo slow", "i ate way too much {food}", "ya that was wild",
+          "how was ur day?", "kinda boring ngl", "omg the traffic today", "brb dinner",
+          "i need coffee", "it was {weather} all day, hate it", "did u finish the show?",
+          "almost, no spoilers!!", "gonna sleep early tonight", "u ok?", "yep just tired"]
+# (asker's question, the answer, the question asked later): the answer names nothing the
+# question of the benchmark names; the turn before it does.
+EXCHANGES = [
+    ("what did u end up getting ur {relative} for her bday?", "{gift}! she loved it",
+     "What did {S} give their {relative} for her birthday?"),
+    ("so where r u guys going for the holidays?", "{city}!! booked it last nite",
+     "Where is {S} going on holiday?"),
+    ("whats ur new puppy called??", "{pet_name} lol, my {relative} picked it",
+     "What is the name of {S}'s puppy?"),
+    ("which languge r u learning now?", "{language}, its hard but fun",
+     "What language is {S} learning?"),
+    ("wait where is the new flat?", "in {area}, near {landmark}",
+     "Where is {S}'s new apartment?"),
+    ("what r u reading these days", "{book}, its about {theme}",
+     "What book is {S} reading?"),
+]
+# A thing named, then spoken of with a pronoun in the next turn of the same person; the
+# question names the thing and asks about what the pronoun turn says.
+PRONOUNS = [
+    ("my {relative} started at {company} this week", "she says the people there r super "
+     "nice but the commute is awful", "What does {S}'s {relative} think of the new job?"),
+    ("finally fixed the old bike i found at the flea market", "it rides like new now, "
+     "took me three weekends", "How long did it take {S} to fix the bike?"),
+    ("we got a {pet} from the shelter!!", "he sleeps all day and steals socks lol",
+     "What does {S}'s new {pet} do all day?"),
+]
+STORY = ["when i was a kid we lived {where} and my {relative} {did}, which is probably "
+         "why i ended up {became}. anyway thats the long version lol",
+         "so the thing about {where} is that my {relative} {did}. i never told u this but "
+         "that's how i got into {became}, weird right"]
+STORY_WHERE = ["on a farm outside {city}", "above a bakery in {city}", "by the sea in {city}",
+               "in a tiny flat in {city}", "next to a fire station in {city}"]
+STORY_DID = ["taught me to fix engines", "ran a small bookshop", "played the cello every "
+             "night", "kept bees in the garden", "drove a night bus"]
+STORY_BECAME = ["becoming a mechanic", "working with books", "playing music",
+                "studying biology", "driving trucks"]
+STORY_QUESTIONS = ["Where did {S} grow up?", "What did {S}'s {relative} do when {S} was a "
+                   "child?", "How did {S} get into {became}?"]
+DATED = ["going {activity} with my {relative} tmrw, so excited",
+         "cant talk, heading out for {activity} all day"]
+ACTIVITIES = ["camping", "kayaking", "skiing", "hiking", "fishing", "ice skating",
+              "horse riding", "paragliding"]
+WEEKS = ["first", "second", "third"]
+CASUAL_SESSIONS = (45, 60)  # about a year of chat: longer than a small model's window
+
+
+def _typo(rng: random.Random, text: str) -> str:
+    """Chat spelling: a letter dropped or doubled in a word or two, all lower case."""
+    words = text.lower().split()
+    for _ in range(rng.randint(0, 2)):
+        i = rng.randrange(len(words))
+        w = words[i]
+        if len(w) > 4 and w.isalpha():
+            k = rng.randrange(1, len(w) - 1)
+            words[i] = w[:k] + w[k + 1:] if rng.random() < 0.5 else w[:k] + w[k] + w[k:]
+    return " ".join(words)
+
+
+def casual_conversation(rng: random.Random, n: int) -> tuple[list[dict], list[Question]]:
+    """A casual chat over months, facts told in the styles above."""
+    a, b = rng.sample(NAMES, 2)
+    key = f"casual:{n:04d}-{a.lower()}-{b.lower()}"
+    sessions = rng.randint(*CASUAL_SESSIONS)
+    plan: list[list[tuple[str, str, str | None, str | None]]] = [[] for _ in
+                                                                 range(sessions)]
+    pending: list[tuple[str, str, str, int, str, str | None]] = []
+    for f, (ask, answer, question) in enumerate(rng.sample(EXCHANGES, 4)):
+        s_, o_ = (a, b) if rng.random() < 0.5 else (b, a)
+        v = {"relative": rng.choice(RELATIVES[:4]), "gift": rng.choice(GIFTS),
+             "city": rng.choice(CITIES), "pet_name": rng.choice(PET_NAMES),
+             "language": rng.choice(LANGUAGES), "area": rng.choice(AREAS),
+             "landmark": rng.choice(LANDMARKS), "book": rng.choice(BOOKS),
+             "theme": rng.choice(THEMES)}
+        at, ref = rng.randrange(sessions), f"{key}:ex{f}"
+        plan[at].append((o_, _typo(rng, ask.format(**v)), None, f"ex{f}"))
+        plan[at].append((s_, answer.format(**v), ref, f"ex{f}"))
+        pending.append(("exchange", question.format(S=s_, **v), ref, at, s_, None))
+    for f, (first, then, question) in enumerate(rng.sample(PRONOUNS, 2)):
+        s_ = rng.choice((a, b))
+        v = {"relative": rng.choice(["sister", "mom", "aunt"]), "company":
+             rng.choice(COMPANIES), "pet": rng.choice(["puppy", "kitten", "rabbit"])}
+        at, ref = rng.randrange(sessions), f"{key}:pro{f}"
+        plan[at].append((s_, first.format(**v), None, f"pro{f}"))
+        plan[at].append((s_, then, ref, f"pro{f}"))
+        pending.append(("pronoun", question.format(S=s_, **v), ref, at, s_, None))
+    for f in range(2):
+        s_ = rng.choice((a, b))
+        v = {"where": rng.choice(STORY_WHERE).format(city=rng.choice(CITIES)),
+             "relative": rng.choice(["grandpa", "dad", "mom", "uncle"]),
+             "did": rng.choice(STORY_DID), "became": rng.choice(STORY_BECAME)}
+        at, ref = rng.randrange(sessions), f"{key}:story{f}"
+        plan[at].append((s_, rng.choice(STORY).format(**v), ref, None))
+        pending.append(("story", rng.choice(STORY_QUESTIONS).format(S=s_, **v), ref, at,
+                        s_, None))
+    for f, activity in enumerate(rng.sample(ACTIVITIES, 2)):
+        s_ = rng.choice((a, b))
+        at, ref = rng.randrange(sessions), f"{key}:dated{f}"
+        text = rng.choice(DATED).format(activity=activity, relative=rng.choice(RELATIVES))
+        plan[at].append((s_, text, ref, None))
+        pending.append(("dated", "", ref, at, s_, activity))
+    rows, turn, said = [], 0, {}
+    for s in range(sessions):
+        day = START + timedelta(days=7 * s + rng.randint(0, 3), minutes=rng.randint(0, 600))
+        lines: list = [None] * rng.randint(*SESSION_TURNS)
+        for pair in _pairs_of(plan[s]):  # a pair stays together, one right after the other
+            at = rng.randrange(len(lines) + 1)
+            lines[at:at] = [pair]
+        lines = [x for item in lines for x in (item if isinstance(item, list) else [item])]
+        speaker = rng.choice((a, b))
+        for line in lines:
+            other = b if speaker == a else a
+            if line is None:
+                body = rng.choice(CASUAL + SLANG).format(
+                    relative=rng.choice(RELATIVES), food=rng.choice(FOODS),
+                    weather=rng.choice(WEATHER))
+                line = (speaker, body, None, None)
+            who, body, ref, _ = line
+            turn += 1
+            ts = day + timedelta(seconds=40 * turn)
+            rows.append({"session": key, "role": "user", "author": who, "text": body,
+                         "ts": ts.isoformat(), "ref": ref or f"{key}:{turn}"})
+            said[rows[-1]["ref"]] = ts
+            speaker = other if rng.random() < 0.85 else speaker
+    questions = []
+    for kind, text, ref, _, who, _activity in pending:
+        if kind == "dated":  # "what did X do the second week of May 2024?"
+            ts = said[ref]
+            week = (ts.day - 1) // 7
+            when = (f"the {WEEKS[week]} week of {ts:%B %Y}" if week < 3
+                    else f"late {ts:%B %Y}")
+            text = f"What did {who} do {when}?"
+        questions.append(Question(key, text, ref, kind))  # asked as of the chat's end
+    return rows, questions
+
+
+def _pairs_of(planted: list[tuple]) -> list[list[tuple]]:
+    """Planted lines grouped: those with the same tag (a question and its answer) as one."""
+    groups: dict = {}
+    for n, line in enumerate(planted):
+        groups.setdefault(line[3] if line[3] is not None else n, []).append(line)
+    return list(groups.values())
+
+
+def casual_corpus(seed: int, conversations: int) -> tuple[list[dict], list[Question]]:
+    rng = random.Random(f"casual-{seed}")
+    rows, questions = [], []
+    for n in range(conversations):
+        r, q = casual_conversation(rng, n)
+        rows += r
+        questions += q
+    return rows, questions
+
+
 # -- the baseline -------------------------------------------------------------------------
 
 
@@ -608,6 +776,8 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
                                           "--limit", "10", "--json")
                     same += [json.loads(line)["ref"] for line in found.splitlines()] == ranked[i]
                 out["cli sample identical to remember()"] = f"{same}/{cli}"
+                note(f"  {len(questions)} questions through the model's request")
+                out.update(await in_context(home, url, rows, questions))
                 if embeddings:
                     await hybrid(store, questions, out, embeddings, len(rows))
                 if big:
@@ -622,6 +792,56 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
             finally:
                 await store.close()
     return out
+
+
+WINDOW = 8192  # tokens: a small local model's window
+
+
+def _chunks(text: str, width: int = 50) -> list[str]:
+    flat = " ".join(text.split())
+    return [flat[i:i + width] for i in range(0, max(len(flat) - width, 0) + 1, width)] or [flat]
+
+
+async def in_context(home: Path, url: str, rows: list[dict], questions: list[Question]) -> dict:
+    """Evidence in the model's request: each question asked as the newest message of its
+    conversation right after the import (no compaction run), the request built as
+    `steward context` shows it (bot/agent/context.py `assemble`, the real tools, a
+    `WINDOW`-token window); found when a part of the evidence turn's text is in it (in the
+    window or recalled). Also what the recalled text cost, in tokens (4 characters each)."""
+    from bot.agent.context import assemble
+    from bot.app.config import load_config
+    from bot.app.inspector.source import open_source
+    from store.writes import NewEntry
+
+    path = home / "context.toml"
+    path.write_text(f'[store]\nurl = "{url}"\n[llm]\nprovider = "demo"\n'
+                    f"context_window = {WINDOW}\n")
+    config = load_config(str(path), str(home))
+    text_of = {r["ref"]: r["text"] for r in rows}
+    last = {}
+    for r in rows:
+        last[r["session"]] = max(last.get(r["session"], 0.0),
+                                 datetime.fromisoformat(r["ts"]).timestamp())
+    found, in_window, cost = 0, 0, []
+    async with open_source(config) as source:
+        for q in questions:
+            conv = await source.store.get_conversation(q.session)
+            asked = NewEntry(conv.id, "user", q.text, created_at=last[q.session] + 86400)
+            made = await assemble(source.store, config, conv.id, tools=source.tools,
+                                  model=source.model, pending=[asked])
+            body = "\n".join(" ".join(str(m.content).split()) for m in made.request.messages)
+            recalled = [str(m.content) for m in made.request.messages
+                        if str(m.content).startswith("Possibly relevant")]
+            cost.append(sum(len(t) for t in recalled) / 4)
+            chunks = _chunks(text_of[q.evidence])
+            hit = any(c in body for c in chunks)
+            found += hit
+            in_window += hit and not any(any(c in " ".join(t.split()) for c in chunks)
+                                         for t in recalled)
+    n = len(questions)
+    return {f"evidence in the request at {WINDOW} tokens (%)": 100 * found / n,
+            "  of which in the window (%)": 100 * in_window / n,
+            "recalled tokens per request (mean)": statistics.mean(cost) if cost else 0.0}
 
 
 def baselines(rows: list[dict], questions: list[Question]) -> dict:
@@ -647,32 +867,37 @@ async def main() -> int:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--big", action="store_true", help=f"again at {BIG:,} entries")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--corpus", choices=("planted", "casual", "both"), default="both",
+                        help="planted facts, casual chat (see casual_conversation), or both")
     parser.add_argument("--embeddings", nargs="?", const="fake", choices=("fake", "local"),
                         help="also embed (fake: the stand-in provider over HTTP, the "
                              "default; local: the local model) and measure fusions")
     args = parser.parse_args()
-    rows, questions = corpus(args.seed, args.conversations)
-    note(f"corpus: {args.conversations} conversations, {len(rows):,} turns, "
-         f"{len(questions)} questions")
-    figures = {"corpus": {"turns": len(rows), "questions": len(questions)},
-               "baseline": baselines(rows, questions)}
+    figures: dict = {}
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
-    for name in (list(backends) if args.backend == "both" else [args.backend]):
-        note(f"{name}:")
-        figures[name] = await run_backend(backends[name], rows, questions, args.seed,
-                                          min(args.cli, len(questions)), args.big,
-                                          args.embeddings)
-        figures[name]["recall@10 over bm25 (points)"] = (
-            figures[name]["steward recall@10"] - figures["baseline"]["bm25 recall@10"])
+    corpora = {"planted": corpus, "casual": casual_corpus}
+    for label in (list(corpora) if args.corpus == "both" else [args.corpus]):
+        rows, questions = corpora[label](args.seed, args.conversations)
+        note(f"corpus {label}: {args.conversations} conversations, {len(rows):,} turns, "
+             f"{len(questions)} questions")
+        figures[f"{label}"] = {"turns": len(rows), "questions": len(questions)}
+        base = figures[f"{label}:bm25"] = baselines(rows, questions)
+        for name in (list(backends) if args.backend == "both" else [args.backend]):
+            note(f"{name}:")
+            got = figures[f"{label}:{name}"] = await run_backend(
+                backends[name], rows, questions, args.seed, min(args.cli, len(questions)),
+                args.big and label == "planted", args.embeddings)
+            got["recall@10 over bm25 (points)"] = (got["steward recall@10"]
+                                                   - base["bm25 recall@10"])
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
     width = max(len(m) for f in figures.values() for m in f) + 2
-    print(f"{'':<10}{'metric':<{width}}value")
+    print(f"{'':<16}{'metric':<{width}}value")
     for name, metrics in figures.items():
         for metric, value in metrics.items():
             shown = value if isinstance(value, str | dict) else fmt(value)
-            print(f"{name:<10}{metric:<{width}}{shown}")
+            print(f"{name:<16}{metric:<{width}}{shown}")
     return 0
 
 

@@ -18,6 +18,7 @@ The scope rules are the search's: the vector candidates come from the same conve
 import time
 from dataclasses import dataclass
 
+from store import exchanges as _exchanges
 from store import reads as _reads
 from store import search as _search
 from store import vectors as _vectors
@@ -61,23 +62,37 @@ async def find(store, query: str, *, scopes: list[str] | None = None,
                context: int = 1, at: float | None = None,
                when: tuple[float, float] | None = None,
                embedding: list[float] | None = None, model: str = "",
-               fusion: Fusion = Fusion()) -> list:
+               fusion: Fusion = Fusion(), answers: bool = False) -> list:
     """A page of `Hit`s, best first: `Store.search` with the question's time (`when`) and,
-    given the question's `embedding` by `model`, fused with the nearest entries."""
+    given the question's `embedding` by `model`, fused with the nearest entries; then each
+    of the best read with its neighbours (store/exchanges.py). What people said is ranked,
+    and with `answers` Steward's own answers too (store/search.py `evidence`)."""
     clock = at if at is not None else -(-time.time() // 3600) * 3600
     query = storable(query)
     async with store.reading() as conn:
         conversation_id = None
         if conversation_key is not None:
             conversation_id = (await _reads.conversation(conn, conversation_key)).id
-        args = dict(scopes=scopes, conversation_id=conversation_id, now=clock, when=when)
-        if embedding is None or limit <= 0 or scopes == []:
-            found = await _search.ranked(conn, store.dialect, query, limit=limit,
-                                         offset=offset, **args)
-            return await _search.hits_for(conn, found, context)
+        args = dict(scopes=scopes, conversation_id=conversation_id, now=clock, when=when,
+                    answers=answers)
+        if limit <= 0 or scopes == []:
+            return []
+        words = [w for t in _search.query_terms(_search.parse_query(query)) if not t.stop
+                 for w in t.text.split()]
+
+        async def lexical(depth: int):  # the words' ranking, each turn with its neighbours
+            found = await _search.ranked(conn, store.dialect, query, limit=depth, offset=0,
+                                         **args)
+            return await _exchanges.rerank(
+                conn, found, words, evidence=lambda e: _search.evidence(e, answers))
+
+        async def page(found):
+            return await _search.hits_for(conn, found[offset:offset + limit], context,
+                                          answers)
+        if embedding is None:
+            return await page(await lexical(max(_exchanges.HEAD, offset + limit)))
         depth = max(fusion.depth, offset + limit)
-        lexical = await _search.ranked(conn, store.dialect, query, limit=depth, offset=0,
-                                       **args)
+        words_ranked = await lexical(max(_exchanges.HEAD, depth))
         try:
             scope = await _search._scope(conn, scopes, conversation_id)
         except _search._NoMatch:
@@ -86,7 +101,7 @@ async def find(store, query: str, *, scopes: list[str] | None = None,
                                       conversation_ids=scope.ids, k=depth)
         names = {t.text.casefold() for t in _search.query_terms(_search.parse_query(query))
                  if not t.stop}
-        vector = sorted(((n.id, n.similarity * _factor(n, clock, when, names)) for n in near),
+        vector = sorted(((n.id, n.similarity * _factor(n, clock, when, names)) for n in near
+                         if answers or n.kind in _search.NEIGHBOUR_KINDS),
                         key=lambda kv: (-kv[1], -kv[0]))
-        found = fuse(lexical, vector, Fusion(fusion.weight, depth, fusion.k))
-        return await _search.hits_for(conn, found[offset:offset + limit], context)
+        return await page(fuse(words_ranked, vector, Fusion(fusion.weight, depth, fusion.k)))

@@ -93,8 +93,18 @@ from store.records import Entry, entry_from_row
 __all__ = ["STOP_WORDS", "Hit", "Term", "explain", "hits_for", "parse_query", "query_terms",
            "ranked", "search"]
 
-SEARCHABLE_KINDS = ("user", "assistant", "tool_result", "compaction")
-NEIGHBOUR_KINDS = ("user", "assistant", "tool_result")
+SEARCHABLE_KINDS = ("user", "assistant", "tool_result", "compaction")  # what the index holds
+NEIGHBOUR_KINDS = ("user", "assistant")
+SCHEDULER = "scheduler"  # the author of a reminder's message (bot/scheduler/loop.py)
+# What people said is evidence; Steward's own output is not, unless asked for (`answers`):
+# its answers (an assistant entry a turn wrote, so with a task id: the demo model's echo, an
+# answer quoting search hits, an approval request) and summaries. Tool results (search hits,
+# pages fetched) and the scheduler's reminder messages never are. Imported assistant
+# entries (a person's own sent mail, a Slack bot's posts) have no task: what was said.
+EVIDENCE_SQL = ("(e.kind = 'user' AND (e.author IS NULL OR e.author != 'scheduler') OR "
+                "e.kind = 'assistant' AND e.task_id IS NULL)")
+ANSWERS_SQL = ("(e.kind IN ('user', 'assistant', 'compaction') AND "
+               "(e.author IS NULL OR e.author != 'scheduler'))")
 SPEAKER_WEIGHT = {"user": 1.0, "assistant": 0.8, "compaction": 0.6, "tool_result": 0.5}
 HALF_LIFE_DAYS = 180.0
 RECENCY_FLOOR = 0.5
@@ -105,6 +115,7 @@ TIME_ROWS = 1000  # entries said within the question's time ranked even without 
 MAX_QUERY_CHARS = 1000
 MAX_TERMS = 12  # terms looked up (the longest, if a query has more)
 MIN_PREFIX = 3  # letters before a `*` for a prefix search
+LOOSE_PREFIX = 5  # letters of a long word of a quote that matched nothing, as a prefix
 MAX_CANDIDATES = 5000  # matches ranked at most: the newest ones in scope
 MIN_TERM_WINDOW = 1000  # ... of which each term gets at least this many
 MAX_EXPANSION = 1000  # trigrams a short CJK term may expand to before it falls back to LIKE
@@ -345,10 +356,19 @@ async def _scope(conn, scopes: list[str] | None, conversation_id: int | None) ->
     return _Scope([r.id for r in rows], sum(max(r.last_seq, 0) for r in rows), total)
 
 
-def _filters(params: dict, scope: _Scope, dialect: str) -> list[str]:
+def evidence(e: Entry, answers: bool = False) -> bool:
+    """Whether an entry is ranked (`EVIDENCE_SQL`, `ANSWERS_SQL` in Python)."""
+    if e.kind == "user":
+        return e.author != SCHEDULER
+    if e.kind == "assistant":
+        return answers or e.task_id is None
+    return answers and e.kind == "compaction"
+
+
+def _filters(params: dict, scope: _Scope, dialect: str, answers: bool = False) -> list[str]:
     """WHERE conditions for kind and scope on `entries e`."""
-    kinds = ", ".join(f"'{k}'" for k in SEARCHABLE_KINDS)
-    where = [f"e.kind IN ({kinds})"]
+    kinds = ", ".join(f"'{k}'" for k in ("user", "assistant", "compaction")[:3 if answers else 2])
+    where = [f"e.kind IN ({kinds})", ANSWERS_SQL if answers else EVIDENCE_SQL]
     if scope.ids is not None and dialect == "postgresql":
         params["cids"] = scope.ids
         where.append("e.conversation_id = ANY(CAST(:cids AS bigint[]))")
@@ -382,9 +402,10 @@ async def _sqlite_source(conn, t: Term) -> tuple[str, str] | None:
 
 
 async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Scope, now,
-                          window: int, when: tuple[float, float] | None = None):
+                          window: int, when: tuple[float, float] | None = None,
+                          answers: bool = False):
     params: dict = {"now": now, "w": _per_term(window, len(terms))}
-    where = _filters(params, scope, "sqlite")
+    where = _filters(params, scope, "sqlite", answers)
     sparse = []
     if scope.ids is not None and scope.rows ** 2 < SPARSE * params["w"] * scope.total:
         # A sparse scope: most matches lie outside it, and joining each to its entry to
@@ -518,7 +539,8 @@ def _lexemes(q: str) -> list[str]:
 
 
 async def _postgresql_ranking(conn, terms: list[Term], pairs: list[str], scope: _Scope, now,
-                              window: int, when: tuple[float, float] | None = None):
+                              window: int, when: tuple[float, float] | None = None,
+                              answers: bool = False):
     params: dict = {}
     columns = []
     for i, t in enumerate(terms):
@@ -546,7 +568,7 @@ async def _postgresql_ranking(conn, terms: list[Term], pairs: list[str], scope: 
     await run(conn, ("SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
                             "set_config('enable_seqscan', 'off', true)"))
     params = {"now": now, "w": per_term, "n": float(n)}
-    where = _filters(params, scope, "postgresql")
+    where = _filters(params, scope, "postgresql", answers)
     boost = ""
     if phrases:
         params["p"] = " | ".join(phrases)
@@ -584,12 +606,13 @@ async def _postgresql_ranking(conn, terms: list[Term], pairs: list[str], scope: 
 
 
 async def _ranking(conn, dialect: str, terms: list[Term], scopes, conversation_id, now,
-                   window: int, when: tuple[float, float] | None = None):
+                   window: int, when: tuple[float, float] | None = None,
+                   answers: bool = False):
     scope = await _scope(conn, scopes, conversation_id)
     looked_up, pairs = query_terms(terms), _pairs(terms)
     if dialect != "postgresql":
-        return await _sqlite_ranking(conn, looked_up, pairs, scope, now, window, when)
-    return await _postgresql_ranking(conn, looked_up, pairs, scope, now, window, when)
+        return await _sqlite_ranking(conn, looked_up, pairs, scope, now, window, when, answers)
+    return await _postgresql_ranking(conn, looked_up, pairs, scope, now, window, when, answers)
 
 
 async def _neighbours(conn, found: list[Entry], context: int) -> dict:
@@ -618,21 +641,50 @@ async def _neighbours(conn, found: list[Entry], context: int) -> dict:
 async def ranked(conn, dialect: str, query: str, *, scopes: list[str] | None,
                  conversation_id: int | None, limit: int, offset: int, now: float,
                  candidates: int = MAX_CANDIDATES,
-                 when: tuple[float, float] | None = None) -> list[tuple[int, float]]:
+                 when: tuple[float, float] | None = None,
+                 answers: bool = False) -> list[tuple[int, float]]:
     """(entry id, score) of one page of `query`'s lexical ranking, best first (see
-    `search`)."""
+    `search`; `answers`: Steward's own answers and summaries count too).
+
+    Quotes are tolerant: when no entry holds a quoted text exactly (people misquote
+    titles), its words count like any other, and the order of neighbouring ones still
+    weighs (the phrase boost)."""
     terms = parse_query(query)
     if (not terms and when is None) or limit <= 0 or scopes == []:
         return []
-    try:
-        sql, params = await _ranking(conn, dialect, terms, scopes, conversation_id, now,
-                                     candidates, when)
-    except _NoMatch:
-        return []
-    params.update(limit=limit, offset=max(0, offset))
-    rows = (await run(conn, (
-        f"{sql} ORDER BY score DESC, id DESC LIMIT :limit OFFSET :offset"), params)).all()
-    return [(r.id, float(r.score)) for r in rows]
+
+    async def page(terms: list[Term], limit: int, offset: int) -> list[tuple[int, float]]:
+        try:
+            sql, params = await _ranking(conn, dialect, terms, scopes, conversation_id, now,
+                                         candidates, when, answers)
+        except _NoMatch:
+            return []
+        params.update(limit=limit, offset=max(0, offset))
+        rows = (await run(conn, (
+            f"{sql} ORDER BY score DESC, id DESC LIMIT :limit OFFSET :offset"), params)).all()
+        return [(r.id, float(r.score)) for r in rows]
+
+    found = await page(terms, limit, offset)
+    if found or not any(t.quoted for t in terms) or (offset > 0 and await page(terms, 1, 0)):
+        return found
+    return await page(_loosened(terms), limit, offset)
+
+
+def _loosened(terms: list[Term]) -> list[Term]:
+    """Quoted terms as their words, a long word by its first letters (`LOOSE_PREFIX`, a
+    prefix): a misspelt end ("Cartografer") still finds the word."""
+    out: list[Term] = []
+    for t in terms:
+        if not t.quoted or t.cjk:
+            out.append(t if not t.quoted else Term(t.text))
+            continue
+        for word in t.text.split():
+            body = _trim(word)
+            if len(body) > LOOSE_PREFIX and body.isalnum():
+                out.append(Term(body[:LOOSE_PREFIX], prefix=True))
+            elif body:
+                out.append(Term(body))
+    return out
 
 
 async def search(conn, dialect: str, query: str, *, scopes: list[str] | None,
@@ -652,8 +704,10 @@ async def search(conn, dialect: str, query: str, *, scopes: list[str] | None,
     return await hits_for(conn, found, context)
 
 
-async def hits_for(conn, found: list[tuple[int, float]], context: int) -> list[Hit]:
-    """`Hit`s for (entry id, score) pairs, in their order, with `context` neighbours."""
+async def hits_for(conn, found: list[tuple[int, float]], context: int,
+                   answers: bool = False) -> list[Hit]:
+    """`Hit`s for (entry id, score) pairs, in their order, with `context` neighbours
+    (what people said; with `answers` also Steward's answers)."""
     if not found:
         return []
     order = [_Ranked(i, s) for i, s in found]
@@ -664,6 +718,7 @@ async def hits_for(conn, found: list[tuple[int, float]], context: int) -> list[H
         "JOIN conversations AS c ON c.id = e.conversation_id "
         f"WHERE e.id IN ({', '.join(':' + k for k in ids)})"), ids)).all()
     by_id = {r.id: (entry_from_row(r), r.conversation_key) for r in rows}
+    order = [r for r in order if r.id in by_id and evidence(by_id[r.id][0], answers)]
     near = await _neighbours(conn, [by_id[r.id][0] for r in order], context)
     return [Hit(by_id[r.id][0], by_id[r.id][1], float(r.score),
                 tuple(near.get((r.id, "before"), ())), tuple(near.get((r.id, "after"), ())))

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from bot.app.config import build_config
 from bot.memory.search import search_command, search_history
 from bot.tools import ToolContext
-from store import Writes, open_store
+from store import Writes, hybrid, open_store
 from store.engine import create_engines, migrate
 from store.search import MAX_EXPANSION, explain, parse_query
 from store.search import search as search_on
@@ -74,15 +74,45 @@ async def test_a_recent_message_beats_an_equally_relevant_old_one(store):
     assert hits[0].score > hits[1].score > 0.5 * hits[0].score  # old, not forgotten
 
 
-async def test_the_users_own_words_beat_tool_output(store):
+async def test_stewards_own_output_is_no_evidence_unless_asked_for(store):
     conv = await store.ensure_conversation("cli:speaker")
     await filler(store, conv)
     await say(store, conv, "my passport number is X1234567",
               ("tool_result", "passport number X1234567 confirmed"),
-              ("assistant", "your passport number X1234567 is noted"))
+              {"kind": "assistant", "text": "your passport number X1234567 is noted",
+               "task_id": "turn-1"},
+              {"kind": "user", "text": "Reminder: renew the passport", "author": "scheduler"},
+              ("assistant", "Imported: my old passport number was X7654321"))
     found = await store.search("passport number", at=NOW)
-    # (any word counts since migration 0008: the filler's "number" ranks after these)
-    assert [h.entry.kind for h in found][:3] == ["user", "assistant", "tool_result"]
+    # what people said (an imported assistant entry has no turn: someone said it), never
+    # the tool's output, Steward's answer or a reminder's message
+    assert [h.entry.text for h in found][:2] == [
+        "my passport number is X1234567", "Imported: my old passport number was X7654321"]
+    assert all(h.entry.kind != "tool_result" and h.entry.task_id is None
+               and h.entry.author != "scheduler" for h in found)
+    asked = await hybrid.find(store, "passport number", at=NOW, answers=True)
+    assert "your passport number X1234567 is noted" in [h.entry.text for h in asked]
+    assert all(h.entry.kind != "tool_result" for h in asked)
+
+
+async def test_a_search_finds_what_was_said_not_earlier_searches_for_it(store):
+    conv = await store.ensure_conversation("cli:climbing")
+    await filler(store, conv)
+    await say(store, conv, {"kind": "user", "text": "I went to the new climbing gym on "
+                            "Saturday with my sister, my arms are dead", "task_id": "t1"},
+              {"kind": "assistant", "text": 'You said: "I went to the new climbing gym"',
+               "task_id": "t1"})
+    for turn in ("t2", "t3"):  # "search for climbing", twice
+        await say(store, conv, {"kind": "user", "text": "search for climbing",
+                                "task_id": turn},
+                  {"kind": "tool_result", "text": "1. user: I went to the new climbing gym",
+                   "task_id": turn, "data": {"name": "search_history"}},
+                  {"kind": "assistant", "text": "I found: I went to the new climbing gym",
+                   "task_id": turn})
+    found = await store.search("climbing", at=NOW)
+    assert found[0].entry.text.startswith("I went to the new climbing gym on Saturday")
+    assert [h.entry.text for h in found[1:]] == ["search for climbing"] * 2
+    assert found[1].score < 0.5 * found[0].score
 
 
 async def test_only_searchable_kinds_are_found(store):
@@ -91,7 +121,9 @@ async def test_only_searchable_kinds_are_found(store):
               ("system", "zanzibar rules"), ("compaction", "summary: zanzibar trip planned"),
               {"kind": "tool_result", "text": "earlier: zanzibar",
                "data": {"name": "search_history", "tool_call_id": "c1", "is_error": False}})
-    assert await texts(store, "zanzibar") == ["summary: zanzibar trip planned"]
+    assert await texts(store, "zanzibar") == []  # a summary is Steward's: asked for only
+    asked = await hybrid.find(store, "zanzibar", at=NOW, answers=True)
+    assert [h.entry.text for h in asked] == ["summary: zanzibar trip planned"]
 
 
 # --- paging and neighbours -----------------------------------------------------------------
@@ -358,7 +390,7 @@ async def test_a_search_over_a_big_conversation_reads_the_index_not_the_table(st
                     assert "Index Scan using uq_entries_conversation_seq" not in plan, plan
     finally:
         await engines.dispose()
-    [hit] = await store.search("zeppelin", scopes=["private:dana"], at=NOW)
+    hit = (await store.search("zeppelin", scopes=["private:dana"], at=NOW))[0]
     assert (hit.entry.seq, [e.seq for e in hit.before], [e.seq for e in hit.after]) == (
         123456, [123455], [123457])
 
@@ -410,17 +442,13 @@ async def test_the_tool_shows_date_place_speaker_and_neighbours_and_pages(store)
     assert lines[3].endswith("…") and len(lines[3]) < 200
     assert lines[4] == "(More may match: page=2.)"
 
-    # stemmed since 0008: "peanuts" also finds "peanut-free", whose short entry ranks above
-    # the long answer
+    # the tool's output is no evidence: it is neither found nor shown as a neighbour
     second = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 2})
-    assert "2. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #3" in second.content
-    assert "   > tool http_get: peanut-free recipes: 3 found" in second.content
-    third = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 3})
-    assert "3. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #2" in third.content
-    assert "   … user (erin): I am allergic to peanuts" in third.content
-    assert "   … tool http_get: peanut-free recipes: 3 found" in third.content
-    fourth = await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 4})
-    assert fourth.content == "No more matches for 'peanuts' (page 4)."
+    assert "2. Tue 2023-11-14 22:13 UTC · slack:T:D-erin · #2" in second.content
+    assert "   … user (erin): I am allergic to peanuts" in second.content
+    assert "peanut-free" not in second.content
+    assert (await search_history.run(ctx, {"query": "peanuts", "limit": 1, "page": 3})
+            ).content == "No more matches for 'peanuts' (page 3)."
     too_many = await search_history.run(ctx, {"query": "peanuts", "limit": 50})
     assert too_many.is_error and "limit" in too_many.content
     nowhere = ToolContext(store=store, task_id="T2", http=None)

@@ -127,7 +127,13 @@ async def test_quoted_text_is_required_and_exact(store):
     assert await texts(store, '"red bicycle"') == ["the red bicycle is in the shed"]
     assert await texts(store, '"red bicycle" shed wine') == ["the red bicycle is in the shed"]
     assert await texts(store, '"bicycle bell" red') == ["red wine and a bicycle bell"]
-    assert await texts(store, '"blue bicycle" red') == []
+    # a quote nothing holds (a misremembered title) is read as its words
+    found = await texts(store, '"blue bicycle" shed')
+    assert found[0] == "the red bicycle is in the shed" and len(found) == 3
+    await say(store, conv, "we watched The Glass Cartographer, what a film",
+              "a glass of water please")
+    assert (await texts(store, '"The Glass Cartografer"'))[0] == \
+        "we watched The Glass Cartographer, what a film"
 
 
 async def test_a_trailing_star_is_a_prefix(store):
@@ -181,3 +187,23 @@ async def test_a_long_message_looks_up_its_longest_words(store):
                        [f"w{i}" for i in range(40)])
     assert len(query_terms(parse_query(message))) <= 12
     assert await texts(store, message) == ["the quarterly reconciliation spreadsheet is done"]
+
+
+async def test_a_turn_is_read_with_its_neighbours(store):
+    """The reply to a question that matches holds the answer without a word of it; a
+    person's next turn goes on with a pronoun; a short turn that matches only by its
+    speaker's name is no answer."""
+    conv = await store.ensure_conversation("cli:exchanges")
+    rows = [("Bob", "what did you get your sister for her birthday?"),
+            ("Anna", "a telescope! she loved it"),
+            *[("Anna", f"catch ya later {i}!") for i in range(5)],
+            ("Anna", "my sister started at the library this week"),
+            ("Anna", "she says the people there are super nice"),
+            *[("Bob", f"ok {i}") for i in range(5)],
+            ("Anna", "the birthday cake was a disaster, I forgot the sugar")]
+    await say(store, conv, *[{"kind": "user", "text": t, "author": a} for a, t in rows])
+    found = await texts(store, "What did Anna give her sister for her birthday?")
+    assert "a telescope! she loved it" in found[:4]  # after the question it answers
+    assert not any(t.startswith("catch ya later") for t in found[:5])
+    found = await texts(store, "What does Anna's sister think of the library?")
+    assert found.index("she says the people there are super nice") <= 2

@@ -67,6 +67,8 @@ def prompt_with_facts(config: Config, facts: str) -> str:
 # more than the eight built-in tools' ~1,800 tokens) they are left out and the model just
 # answers; `steward doctor` says so.
 TOOLS_SHARE = 2 / 3
+RECALL_CHARS = 1500  # recall's room at least (bot/memory/recall.py), ...
+RECALL_SHARE = 8  # ... or this fraction of the room for the conversation
 
 
 def offered_tools(config: Config, tools: list[ToolSpec]) -> list[ToolSpec]:
@@ -543,6 +545,9 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     tools = offered_tools(config, tools)
     fixed = len(prompt) + tools_chars(tools)
     budget = max(int(window_tokens / ratio) - fixed, 2000)
+    # Recall's room (bot/memory/recall.py): a share of the window, kept from the entries.
+    room = max(RECALL_CHARS, budget // RECALL_SHARE) if recall is not None else 0
+    budget = max(budget - room, 2000)
     if cache is not None:
         window = await cache.window(store, conversation, budget)
     else:
@@ -577,7 +582,7 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
                       if messages[i].role == "user"), None)
     if recall is not None and last_user is not None:
         found = await recall(conversation, messages[last_user].content,
-                             {e.id for e in window.entries})
+                             {e.id for e in window.entries}, room)
         if found:
             # Old messages are what people said, not what Steward may do: data, like a page.
             outside = outside or outside_of(found)
@@ -600,8 +605,10 @@ async def assemble(store: Store, config: Config, conversation_id: int, *,
     `steward context` and the web inspector use."""
     zone = ZoneInfo(known_timezone(timezone) or config.agent.timezone)
 
-    async def recalled(conversation: Conversation, said: str, seen: set[int]) -> str:
-        return await recall_memories(store, conversation, said, in_window=seen, zone=zone)
+    async def recalled(conversation: Conversation, said: str, seen: set[int],
+                       room: int) -> str:
+        return await recall_memories(store, conversation, said, in_window=seen, zone=zone,
+                                     room=room)
 
     return await build_request(
         store, config, conversation_id, tools=tools, model=model, upto=upto, cache=cache,

@@ -4,10 +4,15 @@ store/search.py weighs every word by how rare it is, stems them, and knows who s
 but only what the context window no longer holds (older than the summary's cut, or said in
 another conversation of the same scope). Volatile, so it goes late in the context.
 
-At most `MAX_HITS` memories, `HIT_CHARS` each around the first matching word, `MAX_CHARS` in
-all; a hit scoring under `RELATIVE_FLOOR` of the best one kept is left out (it shares a
-word or two, not the topic), and a message without a word of three letters ("ok", "hi")
-recalls nothing.
+As many memories as fit the room the context gives (`room` characters, default
+`MAX_CHARS`; at most `MAX_HITS`), best first, each `HIT_CHARS` around the first matching
+word, with the turn before and after it (`NEIGHBOUR_CHARS`: the question it answers, the
+reply that answers it); a hit scoring under `RELATIVE_FLOOR` of the best one kept is left
+out (it shares a word or two, not the topic), and a message without a word of three
+letters ("ok", "hi") recalls nothing. History the window does not hold is recalled from
+the first turn on, an import's included, whether or not a compaction has run. What is
+recalled is what people said, never Steward's own answers (a message to Steward says
+"you" to it: that is no question about its answers).
 
 A fork is its own timeline: it recalls its own entries and its ancestors' up to the fork
 point, never what the parent said after the fork, nor a sibling or child fork's entries
@@ -20,12 +25,13 @@ from bot.memory import embeddings as _embeddings
 from bot.memory.search import excerpt, remember
 from bot.provenance import Marked, of_entry
 from store import Conversation, Entry, Store
-from store.search import parse_query, query_terms
+from store.search import evidence, parse_query, query_terms
 
-MAX_HITS = 3
-PAGE = MAX_HITS * 3  # hits read per search; up to SEARCH_PAGES when many are filtered out
+MAX_HITS = 20
+PAGE = 20  # hits read per search; up to SEARCH_PAGES when many are filtered out
 SEARCH_PAGES = 3
 HIT_CHARS = 400
+NEIGHBOUR_CHARS = 200
 MAX_CHARS = 1500
 RELATIVE_FLOOR = 0.3
 
@@ -92,13 +98,16 @@ class _Timeline:
 
 
 async def recall(store: Store, conversation: Conversation, text: str, *,
-                 in_window: set[int], zone: tzinfo = UTC, at: float | None = None) -> str:
-    """The memories for `text`, one line each: "- date speaker: excerpt" (the date in
+                 in_window: set[int], zone: tzinfo = UTC, at: float | None = None,
+                 room: int = MAX_CHARS) -> str:
+    """The memories for `text`, a line each ("- date speaker: excerpt"), each followed by
+    its neighbours ("  … speaker: excerpt"), in at most `room` characters (the date in
     `zone`, the asker's; a time phrase of the message is read there as of `at`), marked
     (`Marked`) when any of them is outside text (a forwarded mail, a page's words)."""
-    if not conversation.head_seq and conversation.parent_id is None:
-        # Nothing has left this conversation's window yet; other conversations of the
-        # scope are only looked at once it has history of its own to lose.
+    if conversation.parent_id is None and not conversation.head_seq \
+            and len(in_window) >= conversation.last_seq:
+        # The window holds the whole conversation: other conversations of the scope are
+        # only looked at once it has history of its own to lose.
         return ""
     if not worth_searching(text):
         return ""
@@ -106,8 +115,8 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
     kept = []
     for page in range(SEARCH_PAGES):
         hits = await remember(store, text, scopes=[conversation.scope], limit=PAGE,
-                              offset=page * PAGE, context=0, zone=zone, at=at,
-                              embedder=_embeddings.attached(store))
+                              offset=page * PAGE, context=1, zone=zone, at=at,
+                              embedder=_embeddings.attached(store), answers=False)
         for hit in hits:
             e = hit.entry
             if e.id in in_window or e.kind == "compaction" or not e.text.strip():
@@ -117,15 +126,28 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
         if len(kept) >= MAX_HITS or len(hits) < PAGE:
             break
     lines, used, outside = [], 0, None
+    shown = set(in_window)
     for hit in kept[:MAX_HITS]:  # best first
         if hit.score < RELATIVE_FLOOR * kept[0].score:
             break
         e = hit.entry
+        if e.id in shown:
+            continue
         when = datetime.fromtimestamp(e.created_at, zone).strftime("%Y-%m-%d")
-        line = f"- {when} {e.author or e.kind}: {excerpt(e.text, text, HIT_CHARS)}"
-        if used + len(line) > MAX_CHARS:
-            break
-        lines.append(line)
-        used += len(line)
-        outside = outside or of_entry(e)
+        block = [f"- {when} {e.author or e.kind}: {excerpt(e.text, text, HIT_CHARS)}"]
+        around = [n for n in (*hit.before, *hit.after)  # what people said, never Steward's
+                  if n.id not in shown and n.text.strip() and evidence(n)
+                  and await timeline.allows(n)]
+        block += [f"  … {n.author or n.kind}: {excerpt(n.text, text, NEIGHBOUR_CHARS)}"
+                  for n in around]
+        size = sum(len(line) + 1 for line in block)
+        if used + size > room:
+            if used + len(block[0]) + 1 > room:
+                break
+            block, around, size = block[:1], [], len(block[0]) + 1
+        lines += block
+        used += size
+        shown |= {e.id, *(n.id for n in around)}
+        for x in (e, *around):
+            outside = outside or of_entry(x)
     return Marked("\n".join(lines), outside)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING
@@ -26,6 +27,15 @@ if TYPE_CHECKING:
     from store import Entry, Hit, Store
 
 log = logging.getLogger(__name__)
+
+# A question about what Steward itself said or did ("what did you suggest?", "your answer
+# about the flights"): its own answers are ranked too (store/search.py `evidence`).
+_TO_STEWARD = re.compile(r"\b(you|your|yours|steward)\b", re.IGNORECASE)
+
+
+def about_answers(query: str) -> bool:
+    """Whether a question asks about Steward's own answers."""
+    return _TO_STEWARD.search(query) is not None
 
 # The DESIGN.md contract: role is user, assistant or tool (a compaction summary was written
 # by the model; `kind` keeps the exact entry kind).
@@ -58,13 +68,21 @@ def excerpt(text: str, query: str, width: int) -> str:
 async def remember(store: Store, query: str, *, scopes: list[str] | None = None,
                    conversation_key: str | None = None, limit: int = 10, offset: int = 0,
                    context: int = 1, zone: tzinfo = UTC, at: float | None = None,
-                   embedder: _embeddings.Embedder | None = None) -> list[Hit]:
+                   embedder: _embeddings.Embedder | None = None,
+                   answers: bool | None = None) -> list[Hit]:
     """The one retrieval behind `search_history`, `steward search` and the automatic
     recall: a time phrase of the question ("last spring", "yesterday", "in May 2023", read
     in `zone` as of `at`, default now) weighs what was said then (a relative phrase is no
     word to look up: "yesterday" is taken out); a name in it weighs what that person said;
     with an `embedder` whose hybrid ranking is on, the question's embedding is fused with
-    the words (store/hybrid.py). An embedding provider that fails leaves the words alone."""
+    the words (store/hybrid.py). An embedding provider that fails leaves the words alone.
+
+    Ranked is what people said; Steward's own answers only with `answers` (default: when
+    the question speaks to Steward, `about_answers`). Searching one conversation without
+    `at`, its time phrases are read as of its newest entry ("the week before" an imported
+    chat from 2023 is a week of 2023, not of today's calendar)."""
+    if at is None and conversation_key is not None:
+        at = await _last_said(store, conversation_key)
     clock = at if at is not None else time.time()
     when = parse_when(query, now=clock, zone=zone)
     words = when.rest(query) if when else query
@@ -79,7 +97,22 @@ async def remember(store: Store, query: str, *, scopes: list[str] | None = None,
                       limit=limit, offset=offset, context=context,
                       at=None if at is None else -(-at // 3600) * 3600, when=window,
                       embedding=embedding, model=embedder.model if embedder else "",
-                      fusion=embedder.fusion if embedder else _embeddings.DEFAULT_FUSION)
+                      fusion=embedder.fusion if embedder else _embeddings.DEFAULT_FUSION,
+                      answers=about_answers(query) if answers is None else answers)
+
+
+async def _last_said(store: Store, key: str) -> float | None:
+    """When the conversation's newest entry was written, if that is in the past."""
+    from store import NotFound
+
+    try:
+        conversation = await store.get_conversation(key)
+        newest = await store.entries_page(conversation.id, limit=1)
+    except NotFound:
+        return None
+    if not newest or newest[-1].created_at >= time.time():
+        return None
+    return newest[-1].created_at
 
 
 def _speaker(e: Entry) -> str:

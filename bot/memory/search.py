@@ -80,6 +80,8 @@ async def search_history(
                     '"quoted words" must occur as written; word* for words starting so')],
     limit: Annotated[int, Field(ge=1, le=MAX_LIMIT, description="results per page")] = 5,
     page: Annotated[int, Field(ge=1, description="1 for the best matches, then 2, 3…")] = 1,
+    answers: Annotated[bool, Field(
+        description="also your own earlier answers (default: what people said)")] = False,
 ) -> str:
     """Search everything said before that you may see here — earlier messages, older
     conversations, compacted history. Ask in plain words ("when did Anna go climbing?"):
@@ -93,7 +95,7 @@ async def search_history(
     asking = await _asking_turn(ctx)
     hits = await remember(ctx.store, query, scopes=await visible_scopes(ctx.store, conversation),
                           limit=limit + 1, offset=(page - 1) * limit, zone=zone,
-                          embedder=_embeddings.attached(ctx.store))
+                          embedder=_embeddings.attached(ctx.store), answers=answers or None)
     hits = [_without(h, asking) for h in hits if not _asked(h.entry, asking)][:limit]
     return render_hits(hits, query, page=page, limit=limit, zone=zone)
 

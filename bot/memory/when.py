@@ -13,7 +13,9 @@ Seasons are the meteorological ones of the northern hemisphere (spring March to 
 summer June to August, autumn September to November, winter December to February).
 "last X" is the latest X that is over (in spring, "last spring" is a year ago); "this X"
 the one of this year; "in X" the latest one that has begun. A month without a year is
-the latest that has begun.
+the latest that has begun. "The second week of November" is its days 8-14 ("the last
+week": its last seven), "early/mid/late May" its days 1-10, 10-20 and 20 to the end;
+"last weekend" the latest Saturday and Sunday that are over.
 """
 
 import re
@@ -46,7 +48,12 @@ _PATTERNS = [  # (name, pattern); first match in the text wins, then the earlies
     ("past_one", rf"\b(?:in |over |during )?the past {_UNIT}\b"),
     ("rel_season", r"\b(last|this|previous) (spring|summer|autumn|fall|winter)\b"),
     ("rel_unit", r"\b(last|this|previous) (week|month|year)\b"),
-    ("month_year", rf"\b(?:in |during |since )?({_MONTH})\.? (?:of )?((?:19|20)\d\d)\b"),
+    ("nth_week", rf"\b(?:in |during )?the (first|1st|second|2nd|third|3rd|fourth|4th|last) "
+                 rf"week of ({_MONTH})\.?,?(?: ((?:19|20)\d\d))?\b"),
+    ("part_month", rf"\b(early|mid|late|the (?:beginning|start|middle|end) of) ({_MONTH})"
+                   rf"\.?,?(?: ((?:19|20)\d\d))?\b"),
+    ("weekend", r"\b(last|this|the|previous) weekend\b"),
+    ("month_year", rf"\b(?:in |during |since )?({_MONTH})\.?,? (?:of )?((?:19|20)\d\d)\b"),
     ("rel_month", rf"\b(last|this) ({_MONTH})\b"),
     ("in_month", rf"\b(in|during|since) ({_MONTH})\b"),
     ("in_season", r"\b(?:in|during) (?:the )?(spring|summer|autumn|fall|winter)\b"),
@@ -54,7 +61,11 @@ _PATTERNS = [  # (name, pattern); first match in the text wins, then the earlies
     ("recent", r"\b(recently|lately|these days)\b"),
 ]
 _RELATIVE = {"day_before", "yesterday", "last_night", "today", "ago", "past", "past_one",
-             "rel_season", "rel_unit", "rel_month", "in_season", "recent"}
+             "rel_season", "rel_unit", "rel_month", "in_season", "recent", "weekend"}
+_NTH = {"first": 0, "1st": 0, "second": 1, "2nd": 1, "third": 2, "3rd": 2, "fourth": 3,
+        "4th": 3}
+_PART = {"early": (1, 11), "mid": (10, 21), "late": (20, 32), "the beginning of": (1, 11),
+         "the start of": (1, 11), "the middle of": (10, 21), "the end of": (20, 32)}
 _COMPILED = [(name, re.compile(p, re.IGNORECASE)) for name, p in _PATTERNS]
 
 
@@ -86,6 +97,14 @@ def _month_start(year: int, month: int) -> date:
     while month < 1:
         year, month = year - 1, month + 12
     return date(year, month, 1)
+
+
+def _latest_month(today: date, month: int, year: str | None) -> date:
+    """The 1st of `month` in `year`, or without one the latest that has begun."""
+    if year:
+        return date(int(year), month, 1)
+    start = _month_start(today.year, month)
+    return start if start <= today else _month_start(today.year - 1, month)
 
 
 def _number(word: str) -> int:
@@ -162,6 +181,21 @@ def _span(name: str, m: re.Match, today: date) -> tuple[date, date] | None:
     if name == "month_year":
         month, year = MONTHS[g[0].lower().rstrip(".")], int(g[1])
         return _month_start(year, month), _month_start(year, month + 1)
+    if name in ("nth_week", "part_month"):
+        first = _latest_month(today, MONTHS[g[1].lower()], g[2])
+        after = _month_start(first.year, first.month + 1)
+        if name == "part_month":
+            lo, hi = _PART[" ".join(g[0].lower().split())]
+            return first.replace(day=lo), min(after, first + timedelta(days=hi - 1))
+        if g[0].lower() == "last":
+            return after - timedelta(days=7), after
+        start = first + timedelta(weeks=_NTH[g[0].lower()])
+        return start, min(after, start + timedelta(days=7))
+    if name == "weekend":  # the latest Saturday and Sunday that have begun (or are over)
+        saturday = today - timedelta(days=(today.weekday() - 5) % 7)
+        if g[0].lower() in ("last", "previous") and saturday + timedelta(days=2) > today:
+            saturday -= timedelta(weeks=1)
+        return saturday, saturday + timedelta(days=2)
     if name in ("rel_month", "in_month"):
         which, word = g[0].lower(), g[1]
         if word.lower() == "may" and which == "this" and not word[0].isupper():
