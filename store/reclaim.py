@@ -67,7 +67,7 @@ async def _mark(store) -> None:
 
 async def _postgresql(store) -> Reclaimed:
     await _mark(store)
-    pool = await store._engines.pool()
+    pool = await store.engines.pool()
     async with pool.acquire() as conn:  # autocommitted: VACUUM runs outside a transaction
         await conn.execute(f"VACUUM (ANALYZE) {', '.join(TABLES)}")
     return Reclaimed("postgresql")

@@ -51,8 +51,12 @@ class Insert:
         return (f"INSERT INTO {self.table} ({', '.join([*lead, *self.names, *trail])})\n"
                 f"VALUES ({', '.join(values)}){tail}")
 
-    def row(self, *args) -> tuple:
-        return tuple(c.value(*args) for c in self.cols)
+    def __post_init__(self):
+        # One function per insert that builds the whole row: a generator over the columns
+        # cost a step's rows a third more than the hand-written tuples they replace.
+        names = {f"_v{i}": c.value for i, c in enumerate(self.cols)}
+        source = f"lambda a, b: ({''.join(f'{n}(a, b), ' for n in names)})"
+        object.__setattr__(self, "row", eval(source, names))
 
 
 def bind(sql: str, names: list[str]) -> str:
@@ -67,6 +71,8 @@ def _opt(f):
 
 _s = storable
 _json = json_text
+_opt_s = _opt(_s)
+_opt_json = _opt(_json)
 
 
 SUBMISSIONS = Insert(
@@ -74,22 +80,22 @@ SUBMISSIONS = Insert(
         Col("channel", "text", lambda sub, x: _s(sub.channel)),
         Col("external_id", "text", lambda sub, x: _s(x)),
         Col("conversation_id", "bigint", lambda sub, x: sub.conversation_id),
-        Col("task_id", "text", lambda sub, x: _opt(_s)(sub.task_id)),
+        Col("task_id", "text", lambda sub, x: _opt_s(sub.task_id)),
         Col("state", "text",
             lambda sub, x: "quarantined" if sub.quarantine_reason else "accepted"),
-        Col("reason", "text", lambda sub, x: _opt(_s)(sub.quarantine_reason)),
-        Col("payload", "text", lambda sub, x: _opt(_json)(sub.payload)),
+        Col("reason", "text", lambda sub, x: _opt_s(sub.quarantine_reason)),
+        Col("payload", "text", lambda sub, x: _opt_json(sub.payload)),
     ), (("created_at", "{now}", "p_now"),))
 
 # Each entry's conversation and position come first (reserved per conversation).
 ENTRIES = Insert(
     "entries", "e", "(entry, clock)", (
         Col("kind", "text", lambda e, t: _s(e.kind)),
-        Col("author", "text", lambda e, t: _opt(_s)(e.author)),
+        Col("author", "text", lambda e, t: _opt_s(e.author)),
         Col("text", "text", lambda e, t: _s(e.text)),
-        Col("data", "text", lambda e, t: _opt(_json)(e.data)),
-        Col("ref", "text", lambda e, t: _opt(_s)(e.ref)),
-        Col("task_id", "text", lambda e, t: _opt(_s)(e.task_id)),
+        Col("data", "text", lambda e, t: _opt_json(e.data)),
+        Col("ref", "text", lambda e, t: _opt_s(e.ref)),
+        Col("task_id", "text", lambda e, t: _opt_s(e.task_id)),
         Col("created_at", "float8", lambda e, t: t if e.created_at is None else e.created_at),
     ))
 
@@ -101,7 +107,7 @@ TASKS = Insert(
         Col("parent_id", "text", lambda nt, t: nt.parent_id),
         Col("conversation_id", "bigint", lambda nt, t: nt.conversation_id),
         Col("inputs", "text", lambda nt, t: _json(nt.inputs)),
-        Col("idem_key", "text", lambda nt, t: _opt(_s)(nt.idem_key)),
+        Col("idem_key", "text", lambda nt, t: _opt_s(nt.idem_key)),
         Col("run_after", "float8", lambda nt, t: max(float(nt.run_after), t)),
     ), (("state", f"'{PENDING}'", f"'{PENDING}'"), ("phase", "''", "''"),
         ("attempts", "0", "0"), ("crashes", "0", "0"), ("created_at", "{now}", "p_now"),
@@ -119,7 +125,7 @@ USAGE = Insert(
         Col("cache_write_tokens", "int", lambda u, task: u.cache_write_tokens),
         Col("cost_usd", "float8", lambda u, task: float(u.cost_usd)),
         Col("ok", "bool", lambda u, task: bool(u.ok)),
-        Col("error", "text", lambda u, task: _opt(_s)(u.error)),
+        Col("error", "text", lambda u, task: _opt_s(u.error)),
     ), (("created_at", "{now}", "p_now"),))
 
 INSERTS = (SUBMISSIONS, ENTRIES, TASKS, USAGE)

@@ -33,7 +33,6 @@ from store.writes import TaskUpdate, Writes
 # A unique (channel, external_id) that is already there inserts nothing and returns no row.
 _SUBMISSION = SUBMISSIONS.sqlite(
     tail="\nON CONFLICT (channel, external_id) DO NOTHING RETURNING id")
-_SEQ = SEQ
 _ENTRY = ENTRIES.sqlite(("conversation_id", "seq"))
 _TASK = TASKS.sqlite()
 # A spawn with a dedupe key (a delivery): nothing if that key is there already, and the
@@ -113,7 +112,7 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
         next_seq: dict[int, int] = {}
         for conversation_id in sorted(counts):  # one lock order for every writer
             n = counts[conversation_id]
-            last = yield ("value", _SEQ, (conversation_id, n, t, heads.get(conversation_id)))
+            last = yield ("value", SEQ, (conversation_id, n, t, heads.get(conversation_id)))
             if last is None:  # as SQLAlchemy's scalar_one() would have it
                 raise LookupError(f"no conversation id {conversation_id}")
             next_seq[conversation_id] = last - n + 1

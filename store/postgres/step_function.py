@@ -67,7 +67,7 @@ ARGS: list[tuple[str, str]] = [
     ("p_now", "float8"),
     *_arrays(SUBMISSIONS),
     ("r_conv", "bigint[]"), ("r_count", "bigint[]"), ("r_head", "bigint[]"),
-    *_arrays(ENTRIES, (("at", "int"), ("offset", "bigint")))[-2:],
+    ("e_at", "int[]"), ("e_offset", "bigint[]"),  # each entry's conversation and place
     *_arrays(ENTRIES),
     *_arrays(TASKS, _TASK_DEDUPE),
     *_arrays(USAGE),
