@@ -128,7 +128,6 @@ USAGE = Insert(
         Col("error", "text", lambda u, task: _opt_s(u.error)),
     ), (("created_at", "{now}", "p_now"),))
 
-INSERTS = (SUBMISSIONS, ENTRIES, TASKS, USAGE)
 
 # ?1 conversation, ?2 entries to add, ?3 now, ?4 offset of the last head marker among
 # them (NULL: none). SET reads the old last_seq, as `commit._entries` does.

@@ -29,6 +29,8 @@ _.recalculate
 # aioimaplib's client factory hook, aiosmtplib's protocol state (connectors/email/)
 _.create_client
 _._response_pending
+# a table of the schema's metadata that only migrations and raw SQL name (store/schema.py)
+forgotten
 # pydantic's configuration
 model_config
 # the connectors, loaded by name (bot/app/wiring.py CONNECTORS)

@@ -76,8 +76,6 @@ ARGS: list[tuple[str, str]] = [
     *_CLAIM_ARGS,
 ]
 SIGNATURE = f"{NAME}({', '.join(f'{n} {t}' for n, t in ARGS)})"
-# The argument types alone: how PostgreSQL names the function to drop it.
-TYPES = f"{NAME}({', '.join(t for _, t in ARGS)})"
 
 
 def _unnest(ins: Insert, lead: list[str] = (), lead_sql: list[str] = (),
