@@ -97,7 +97,9 @@ async def target_database():
 # tests/test_restored_slack.py: 950639 (a thread reply shown unanswered after the restore:
 # the predecessor's answer came after the next reply), 346007 (history of an answered
 # message put behind a waiting one), 628748 (a reply whose event came late, taken in as
-# history by the old home, was not listed by the answer that covered it).
+# history by the old home, was not listed by the answer that covered it), 550600 (a DM
+# message taken in as the history of a reply's thread was claimed by the thread's answer,
+# and the restored home took it as answered).
 async def test_a_restored_home_answers_everything_once(store_url, tmp_path, account,
                                                        target_database):
     seed = chaos_seed()

@@ -138,3 +138,26 @@ async def test_a_reply_taken_in_as_history_is_listed_by_the_answer_that_covered_
     finally:
         await fresh.close()
     assert len(slack.bot_messages(DM, top["ts"])) == 1  # nothing answered twice
+
+
+async def test_an_answer_in_a_dm_thread_does_not_claim_the_dm_message_it_hangs_under(
+        store, tmp_path, slack):
+    """The restore test's seed 550600: Alice's DM message came while no home ran, her
+    reply in its thread after the restore. The reply's event came first: the thread was
+    taken in with the DM message as its history, and the answer to the reply said it
+    answered that message too (an earlier message of the asker's). It does not: the DM
+    message is the DM's, answered at its top level. A restored home, given its event next,
+    took it as answered by the thread's answer and never answered it."""
+    top, top_event = says(slack, DM, ALICE, "tok-top can you check the time?")
+    _, reply_event = says(slack, DM, ALICE, "tok-reply how are we doing?",
+                          thread_ts=top["ts"])
+    async with SlackRig(store, tmp_path, slack) as rig:
+        rig.deps.reconcile_until = time.time() + 3600
+        assert (await rig.send(reply_event))[0] == 200
+        await rig.settle()
+        [answer] = slack.bot_messages(DM, top["ts"])
+        assert top["ts"] not in answer["metadata"]["event_payload"].get("answers", [])
+        assert (await rig.send(top_event, retry_num=1))[0] == 200
+        await rig.settle()
+    assert [m["text"] for m in slack.bot_messages(DM) if "thread_ts" not in m] == [
+        "echo: tok-top can you check the time?"]

@@ -67,8 +67,11 @@ class Deliver(Effect):
         # A message of the asker's taken in as the thread's history (its own event came
         # late, and is then passed over as seen) was answered by this answer too: it says
         # so, or a home restored from a backup, given that late event, answers it again.
+        # Not one of another conversation's, shown as context (the DM message a Slack
+        # thread hangs under): it is answered there, and the claim would lose it.
         authors = {e.author for e in asked if e.author}
-        return tuple(e.data or {} for e in said if e in asked or e.author in authors)
+        return tuple(e.data or {} for e in said if e in asked or (
+            e.author in authors and not (e.data or {}).get("other_conversation")))
 
     def can_reconcile(self, ctx: TaskContext) -> bool:
         return True

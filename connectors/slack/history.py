@@ -118,10 +118,14 @@ async def thread_history(web: SlackWeb, me: Identity, people: People, ev: Inboun
             continue
         author = own_name if mine(m) else await people.name(m.get("user") or m.get("bot_id")
                                                               or "someone")
+        # The message a DM thread hangs under is the DM's own, answered there: context
+        # here, never covered by the thread's answer (bot/agent/deliver.py `_covered`).
+        elsewhere = {"other_conversation": True} if ev.is_dm and m["ts"] == ev.thread_ts \
+            else {}
         out.append({"ref": f"{ev.channel}:{m['ts']}", "text": text, "author": author,
                     "role": "assistant" if mine(m) else "user",
                     "data": {"slack": {"channel": ev.channel, "ts": m["ts"],
-                                       "user": m.get("user")}}})
+                                       "user": m.get("user")}, **elsewhere}})
     return out
 
 
