@@ -42,6 +42,7 @@ from bot.runtime.context import TaskContext
 from bot.runtime.definitions import Registry
 from bot.runtime.errors import CUT_OFF, FAULT, POISON, NotPerformed, failure_kind
 from bot.runtime.killpoints import kill_point
+from bot.runtime.kinds import Refused
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
 from bot.runtime.supervision import LoopHealth, describe
 from store import (
@@ -470,11 +471,7 @@ class Runner:
         if self._poisonous(task):
             reason = (f"quarantined: the process died {task.crashes} times while running "
                       f"it, over {time.time() - task.crashed_since:.0f} s")
-            log.error("task %s (%s) %s", task.id, task.kind, reason)
-            update = self._outcome_update(ctx, await definition.poisoned(ctx, reason))
-            if update.state == FAILED:
-                update = dataclasses.replace(update, failure=POISON)
-            await self._commit(ctx, update)
+            await self._quarantine(ctx, definition.poisoned, reason)
             return
         attempt = task.attempts + 1  # tries of the current phase, this one included
         # Its intent rode on the claim (store.writes.Claim): the claim was the intent commit.
@@ -495,6 +492,10 @@ class Runner:
                 outcome = await definition.step(ctx)
             except LeaseLost:
                 raise
+            except Refused as exc:  # a checkpoint this build cannot read (bot/runtime/kinds.py)
+                ctx.writes = Writes()
+                await self._quarantine(ctx, definition.refused, f"quarantined: {exc}")
+                return
             except Exception as exc:
                 await self._failed_attempt(ctx, exc, attempt)
                 return
@@ -520,6 +521,15 @@ class Runner:
             if not isinstance(outcome, Wait | Sleep):
                 kill_point("after-result", task.kind)
             return
+
+    async def _quarantine(self, ctx: TaskContext, end, reason: str) -> None:
+        """End the task the way its definition says (`end`: its `poisoned` or `refused`),
+        never running its phases again; failed, it counts as a poison."""
+        log.error("task %s (%s) %s", ctx.task.id, ctx.task.kind, reason)
+        update = self._outcome_update(ctx, await end(ctx, reason))
+        if update.state == FAILED:
+            update = dataclasses.replace(update, failure=POISON)
+        await self._commit(ctx, update)
 
     def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
         match outcome:
