@@ -274,6 +274,17 @@ async def test_an_older_version_is_migrated_and_runs_on(store):
     assert {"count": 3, VERSION_KEY: 2} in written
 
 
+def test_an_effect_may_start_from_nothing_or_from_a_try_that_did_not_happen(tmp_path):
+    deps = AgentDeps(store=NoStore(), config=build_config({}, home=tmp_path),
+                     client=ScriptedModel([]), toolbox=ToolBox(), http=None)
+    spec = kinds_of(deps)["deliver"].spec
+    assert spec.read("", None)[1] is None
+    # What the runner keeps of a try that raised NotPerformed before its intent.
+    assert spec.read("", {"not_performed": True})[1].not_performed
+    with pytest.raises(Refused):
+        spec.read("effect", None)
+
+
 def test_what_a_kind_cannot_read_is_refused_with_the_reason():
     spec = Counter.spec
     with pytest.raises(Refused, match="version 3, written by a newer build"):

@@ -60,8 +60,9 @@ class EffectMark(Checkpoint):
 
 def effect_spec(kind: str, mark: type[EffectMark] = EffectMark, *,
                 version: int = 1) -> KindSpec:
-    """An effect kind's table: it starts from nothing, then runs its effect."""
-    return KindSpec(kind, version, (Phase("", None), Phase("effect", mark)))
+    """An effect kind's table: it starts from nothing (or a try that said nothing happened:
+    `not_performed`), then runs its effect."""
+    return KindSpec(kind, version, (Phase("", mark, or_none=True), Phase("effect", mark)))
 
 
 class Effect(TaskDef):

@@ -53,11 +53,12 @@ class Phase:
     """One phase of a kind: its name (the first phase is ""), the type of the checkpoint
     it starts from (None: it starts from none), and what runs it:
     `run(definition, ctx, checkpoint) -> Outcome` (None for a kind that runs its phases
-    itself, as an effect does)."""
+    itself, as an effect does). `or_none`: it may also start from no checkpoint at all."""
 
     name: str
     checkpoint: type[Checkpoint] | None
     run: Callable[..., Awaitable[Outcome]] | None = None
+    or_none: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class KindSpec:
         for n in range(version, self.version):
             phase, raw = self.migrations[n](phase, raw)
         p = self.phase(phase)
-        if p.checkpoint is None:
+        if p.checkpoint is None or (p.or_none and raw is None):
             if raw not in (None, {}):
                 raise Refused(f"{self.name} phase {phase!r} starts from no checkpoint, "
                               f"found {sorted(raw) if isinstance(raw, dict) else raw!r}")
