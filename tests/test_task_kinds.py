@@ -173,6 +173,25 @@ async def test_a_home_the_previous_release_left_finishes_its_work(path, tmp_path
         assert not [e.text for e in entries if (e.data or {}).get("error")]
 
 
+async def test_a_turn_whose_first_call_failed_a_try_under_the_previous_release_runs(
+        tmp_path):
+    """7338092 kept the checkpoint its first LLM call was made from when that try failed,
+    in the first phase: read, and the turn starts again."""
+    path = next(p for p in FIXTURES if p.stem.startswith("plain-turn-start-pending"))
+    f = fixture(path)
+
+    def failed_try(task):
+        if task["id"] == f["task"]:
+            task.update(phase="", state="pending", attempts=1, error="RuntimeError: x",
+                        checkpoint=json.dumps({"upto": 1, "round": 0, "note": "n"}))
+
+    async with home(tmp_path, f["rows"], SCENARIOS["plain"], edit=failed_try) as (
+            store, deps, runner):
+        await finish(store, runner, SCENARIOS["plain"])
+        turn = await store.get_task(f["task"])
+        assert turn.state == DONE and turn.result["text"] == "Hello there.", turn.result
+
+
 def future(task: dict, kind: str) -> None:
     """`task`, if of `kind`, as a newer build would have left it."""
     if task["kind"] == kind and task["checkpoint"]:

@@ -68,7 +68,7 @@ class Turn(TaskDef):
     def store(self):
         return self.deps.store
 
-    async def start(self, ctx: TaskContext, _: None):
+    async def start(self, ctx: TaskContext, _: TurnCheckpoint | None):
         conv_id = ctx.task.conversation_id
         older = await self.store.list_tasks(kind=TURN, conversation_id=conv_id, active=True,
                                             before_id=ctx.task.id, limit=1)
@@ -340,8 +340,10 @@ class Turn(TaskDef):
 
     # The phases, in the order a turn usually runs them: the checkpoint each starts from
     # (bot/agent/turn_checkpoints.py) and the code that runs it. Version 1: as 7338092 wrote.
+    # The first phase starts from nothing, or from what a failed try of the first LLM call
+    # left under 7338092 (which it does not need).
     spec = KindSpec(TURN, version=1, phases=(
-        Phase("", None, start),
+        Phase("", TurnCheckpoint, start, or_none=True),
         Phase("llm", TurnCheckpoint, llm),
         Phase("after_llm", AfterLLM, after_llm),
         Phase("after_tools", AfterTools, after_tools),
