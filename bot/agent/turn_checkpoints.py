@@ -9,6 +9,13 @@ for (`AfterTools`) or the answer it delivers (`Delivered`).
 from bot.runtime.kinds import Checkpoint
 
 
+class NotRun(Checkpoint):
+    """A tool call answered with its error instead of running (bot/agent/call_check.py)."""
+
+    call: dict
+    error: str
+
+
 class TurnCheckpoint(Checkpoint):
     upto: int  # the last entry of the conversation this turn answers
     round: int  # tool rounds so far
@@ -19,17 +26,13 @@ class TurnCheckpoint(Checkpoint):
     read_outside: str | None = None  # what outside text the turn has read (provenance)
     notes: list[str] = []  # said with the answer: what the model did not see
     note: str | None = None  # near a spending cap: said once, with the answer
+    # Only where a try failed after the calls were made (or a quarantined turn's answer):
+    # the round's calls, which the phase makes again or no longer needs.
+    tool_tasks: list[str | NotRun] | None = None
 
 
 class AfterLLM(TurnCheckpoint):
     llm_task: str
-
-
-class NotRun(Checkpoint):
-    """A tool call answered with its error instead of running (bot/agent/call_check.py)."""
-
-    call: dict
-    error: str
 
 
 class AfterTools(AfterLLM):
@@ -39,5 +42,3 @@ class AfterTools(AfterLLM):
 class Delivered(TurnCheckpoint):
     answer: str
     delivery: str | None
-    # Only in the answer of a turn quarantined while it waited for its tools.
-    tool_tasks: list[str | NotRun] | None = None
