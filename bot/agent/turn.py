@@ -123,7 +123,7 @@ class Turn(TaskDef):
         # Outside text in the request (bot/provenance.py) stays with the turn from now on.
         outside = cp.read_outside or assembled.outside
         return Wait("after_llm", AfterLLM.model_validate(
-            {**cp.model_dump(), "llm_task": llm_task, "read_outside": outside}))
+            {**cp.model_dump(), "llm_task": llm_task, "read_outside": outside or None}))
 
     async def _spending_caps(self, ctx: TaskContext, cp: TurnCheckpoint):
         """At a spending cap: the notice, instead of calling the model. Near one: a note
