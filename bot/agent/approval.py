@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from bot.agent.tool_result import tool_outcome
 from bot.channels import Channel, typed_approval
 from bot.provenance import MARK, marked
-from bot.runtime import Done, Sleep, TaskContext, TaskDef, Wait
+from bot.runtime import Checkpoint, Done, KindSpec, Phase, Sleep, TaskContext, TaskDef, Wait
 from store import PENDING, NotFound, Store, Writes
 
 KIND = "approval"
@@ -57,6 +57,14 @@ def request_text(summary: str, code: str, channel: Channel | None, expires_at: f
     return f"Approval needed: may I {summary}?\n{how}. Unanswered by {when}, it is refused."
 
 
+class Asked(Checkpoint):
+    code: str  # what the person types to answer
+
+
+class Approved(Asked):
+    tool_task: str  # the call, running once approved
+
+
 class Approval(TaskDef):
     kind = KIND
 
@@ -65,13 +73,9 @@ class Approval(TaskDef):
         self.channels = channels if channels is not None else {}  # by name, as AgentDeps
 
     async def step(self, ctx: TaskContext):
-        if ctx.phase == "":
-            return self._ask(ctx)
-        if ctx.phase == "waiting":
-            return await self._check(ctx)
-        return await self._ran(ctx)
+        return await self.spec.run(self, ctx)
 
-    def _ask(self, ctx: TaskContext):
+    async def ask(self, ctx: TaskContext, _: None):
         i = ctx.inputs
         code = code_of(ctx.task.id)
         ctx.writes.submit(CODES, code, conversation_id=ctx.task.conversation_id,
@@ -84,15 +88,15 @@ class Approval(TaskDef):
             key=f"{ctx.task.id}.ask", parent_id=ctx.task.id,
             conversation_id=ctx.task.conversation_id)
         return Sleep(min(RECHECK_SECONDS, max(0.0, i["expires_at"] - time.time())), "waiting",
-                     {"code": code})
+                     Asked(code=code))
 
-    async def _check(self, ctx: TaskContext):
+    async def check(self, ctx: TaskContext, cp: Asked):
         i = ctx.inputs
         answer = await self.store.submission_state(ANSWERS, ctx.task.id)
         if answer is None:
             left = i["expires_at"] - time.time()
             if left > 0:
-                return Sleep(min(RECHECK_SECONDS, left), "waiting", ctx.checkpoint)
+                return Sleep(min(RECHECK_SECONDS, left), "waiting", cp)
             return Done({"content": "error: not run: the person did not approve it in time "
                                     "(the request expired)", "is_error": True,
                          "approval": "expired"})
@@ -105,14 +109,21 @@ class Approval(TaskDef):
         mark = marked(i.get(MARK))
         tool_task = ctx.spawn("tool_call", {"call": i["call"], "approved": True, **mark},
                               idem_key=i["idem_key"])
-        return Wait("ran", {**ctx.checkpoint, "tool_task": tool_task})
+        return Wait("ran", Approved(code=cp.code, tool_task=tool_task))
 
-    async def _ran(self, ctx: TaskContext):
-        task = await self.store.get_task(ctx.checkpoint["tool_task"])
+    async def ran(self, ctx: TaskContext, cp: Approved):
+        task = await self.store.get_task(cp.tool_task)
         content, is_error = tool_outcome(task)
         shown = (task.result or {}).get(MARK) if isinstance(task.result, dict) else None
         return Done({"content": content, "is_error": is_error, "approval": "approved",
                      **marked(shown)})
+
+    # Its phases, in order: the checkpoint each starts from and the code that runs it.
+    spec = KindSpec(KIND, version=1, phases=(
+        Phase("", None, ask),
+        Phase("waiting", Asked, check),
+        Phase("ran", Approved, ran),
+    ))
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from bot.memory.compaction import KIND, choose_cut, outside_between, transcript_
 from bot.memory.facts import facts_for
 from bot.memory.transcript import head_of, tokens_per_char
 from bot.memory.watermarks import Marks, marks
-from bot.provenance import MARK, marked, outside_of
-from bot.runtime import Done, Fail, TaskContext, TaskDef, Wait
+from bot.provenance import marked, outside_of
+from bot.runtime import Checkpoint, Done, Fail, KindSpec, Phase, TaskContext, TaskDef, Wait
 from store import DONE
 
 __all__ = ["KIND", "Compact"]
@@ -46,6 +46,13 @@ async def marks_for(deps: AgentDeps, conversation_id: int, ratio: float) -> Mark
     return marks(config.llm, config.compaction, int(fixed * ratio) + 1)
 
 
+class Summarizing(Checkpoint):
+    cut: int  # the last entry the summary covers
+    after: int | None  # the previous summary's cut
+    call: str  # the LLM call writing it
+    outside: str | None = None  # MARK: the outside text it is made from (bot/provenance.py)
+
+
 class Compact(TaskDef):
     kind = KIND
 
@@ -53,40 +60,44 @@ class Compact(TaskDef):
         self.deps = deps
 
     async def step(self, ctx: TaskContext):
+        return await self.spec.run(self, ctx)
+
+    async def summarize(self, ctx: TaskContext, _: None):
         store, config = self.deps.store, self.deps.config
         conv_id = ctx.task.conversation_id
-        if ctx.phase == "":
-            conversation = await store.get_conversation_by_id(conv_id)
-            previous, after = await head_of(store, conversation)
-            ratio = await tokens_per_char(store, conv_id)
-            m = await marks_for(self.deps, conv_id, ratio)
-            cut = await choose_cut(store, conv_id, after=after, last_seq=conversation.last_seq,
-                                   keep_chars=int(m.keep / ratio),
-                                   most_chars=int(max(m.keep, m.room // 2) / ratio))
-            if cut is None:
-                return Done({"skipped": "nothing old enough to summarise"})
-            # The summary's request fits the window too: its reply, its instructions and
-            # the previous summary first, then as much of the transcript as is left.
-            reply = min(config.llm.output_tokens, 2 * m.summary)
-            instructions = SUMMARY_PROMPT.format(words=m.summary_words)
-            budget = int((config.llm.window - reply) / ratio * 0.85) \
-                - len(instructions) - len(previous or "")
-            text, upto = await transcript_between(store, conv_id, after, cut, max(budget, 500))
-            user = (f"Previous summary:\n{previous}\n\n" if previous else "") + \
-                f"New messages:\n{text}"
-            request = Request(model=self.deps.config.llm.summary_model
-                              or self.deps.client.model,
-                              max_tokens=reply, messages=[
-                                  Message(role="system", content=instructions),
-                                  Message(role="user", content=user)])
-            call = ctx.spawn("llm_call", {**pin(request), "quiet": True})
-            # A summary of outside text is outside text (bot/provenance.py): it keeps the mark
-            # of the previous summary or of what it covers.
-            outside = outside_of(previous) or await outside_between(store, conv_id, after, upto)
-            return Wait("summarized", {"cut": upto, "after": after, "call": call,
-                                       **marked(outside)})
-        cp = ctx.checkpoint
-        state, result, error = await store.task_outcome(cp["call"])
+        conversation = await store.get_conversation_by_id(conv_id)
+        previous, after = await head_of(store, conversation)
+        ratio = await tokens_per_char(store, conv_id)
+        m = await marks_for(self.deps, conv_id, ratio)
+        cut = await choose_cut(store, conv_id, after=after, last_seq=conversation.last_seq,
+                               keep_chars=int(m.keep / ratio),
+                               most_chars=int(max(m.keep, m.room // 2) / ratio))
+        if cut is None:
+            return Done({"skipped": "nothing old enough to summarise"})
+        # The summary's request fits the window too: its reply, its instructions and
+        # the previous summary first, then as much of the transcript as is left.
+        reply = min(config.llm.output_tokens, 2 * m.summary)
+        instructions = SUMMARY_PROMPT.format(words=m.summary_words)
+        budget = int((config.llm.window - reply) / ratio * 0.85) \
+            - len(instructions) - len(previous or "")
+        text, upto = await transcript_between(store, conv_id, after, cut, max(budget, 500))
+        user = (f"Previous summary:\n{previous}\n\n" if previous else "") + \
+            f"New messages:\n{text}"
+        request = Request(model=self.deps.config.llm.summary_model
+                          or self.deps.client.model,
+                          max_tokens=reply, messages=[
+                              Message(role="system", content=instructions),
+                              Message(role="user", content=user)])
+        call = ctx.spawn("llm_call", {**pin(request), "quiet": True})
+        # A summary of outside text is outside text (bot/provenance.py): it keeps the mark
+        # of the previous summary or of what it covers.
+        outside = outside_of(previous) or await outside_between(store, conv_id, after, upto)
+        return Wait("summarized", Summarizing(cut=upto, after=after, call=call,
+                                              outside=outside or None))
+
+    async def summarized(self, ctx: TaskContext, cp: Summarizing):
+        store, conv_id = self.deps.store, ctx.task.conversation_id
+        state, result, error = await store.task_outcome(cp.call)
         result = result or {}
         if state != DONE or "response" not in result:
             return Fail(f"the summary failed: {result.get('error') or error}")
@@ -96,7 +107,13 @@ class Compact(TaskDef):
         cut_off = result["response"].get("stop_reason") == "length"
         if cut_off:  # what was written is what there is: kept, never passed off as whole
             summary += "\n[…this summary was cut off at the model's length limit]"
-        mark = marked(cp.get(MARK))
+        mark = marked(cp.outside)
         ctx.writes.append(conv_id, "compaction", summary, task_id=ctx.task.id, head=True,
-                          data={"cut_seq": cp["cut"], "previous_cut": cp["after"], **mark})
-        return Done({"cut": cp["cut"], **({"cut_off": True} if cut_off else {})})
+                          data={"cut_seq": cp.cut, "previous_cut": cp.after, **mark})
+        return Done({"cut": cp.cut, **({"cut_off": True} if cut_off else {})})
+
+    # Its phases, in order: the checkpoint each starts from and the code that runs it.
+    spec = KindSpec(KIND, version=1, phases=(
+        Phase("", None, summarize),
+        Phase("summarized", Summarizing, summarized),
+    ))

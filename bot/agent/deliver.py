@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.agent.deps import AgentDeps
 from bot.channels import Outbound
-from bot.runtime import Done, Effect, NotPerformed, Policy, TaskContext
+from bot.runtime import Done, Effect, NotPerformed, Policy, TaskContext, effect_spec
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ COVERS_TAIL = 60  # transcript entries read to find the messages an answer cover
 
 class Deliver(Effect):
     kind = "deliver"
+    spec = effect_spec(kind)
     policy = Policy.UNSAFE  # a message shown twice is exactly what must not happen
 
     def __init__(self, deps: AgentDeps):

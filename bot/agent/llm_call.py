@@ -22,7 +22,7 @@ from bot.llm.errors import ContextOverflow, LLMError, TransientError
 from bot.llm.retry import restarting, stream_with_retries
 from bot.llm.types import Response
 from bot.redact import redact
-from bot.runtime import Effect, Policy, TaskContext
+from bot.runtime import Effect, EffectMark, Policy, TaskContext, effect_spec
 from bot.runtime.killpoints import kill_point
 from store import UsageRecord, Writes, is_unavailable
 
@@ -32,9 +32,14 @@ WAITING_SINCE = "server_wait_since"  # checkpoint: when the server was found res
 log = logging.getLogger(__name__)
 
 
+class LLMCallMark(EffectMark):
+    server_wait_since: float | None = None  # WAITING_SINCE
+
+
 class LLMCall(Effect):
     kind = "llm_call"
     policy = Policy.SAFE
+    spec = effect_spec(kind, LLMCallMark)
 
     def __init__(self, deps: AgentDeps):
         self.deps = deps

@@ -5,7 +5,7 @@ from bot.agent.deps import AgentDeps
 from bot.agent.inbox import TIMEZONE
 from bot.llm.types import ToolCall
 from bot.provenance import MARK
-from bot.runtime import Effect, Policy, TaskContext
+from bot.runtime import Effect, Policy, TaskContext, effect_spec
 from bot.runtime.killpoints import kill_point
 from bot.tools import ToolContext, ToolResult, known_timezone
 from bot.tools.netguard import NetGuard
@@ -15,6 +15,7 @@ from store import NotFound, Task
 
 class ToolCallTask(Effect):
     kind = "tool_call"
+    spec = effect_spec(kind)
 
     def __init__(self, deps: AgentDeps):
         self.deps = deps

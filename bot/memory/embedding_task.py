@@ -16,7 +16,7 @@ one, and only the refused ones are recorded as such (a NULL vector), never asked
 import logging
 
 from bot.memory.embeddings import Embedder, EmbeddingRejected, EmbeddingUnavailable
-from bot.runtime import Continue, Done, Sleep, TaskContext, TaskDef
+from bot.runtime import Checkpoint, Continue, Done, KindSpec, Phase, Sleep, TaskContext, TaskDef
 from bot.runtime.killpoints import kill_point
 from store import TERMINAL, Store, Writes
 from store import vectors as _vectors
@@ -31,8 +31,15 @@ REWIND = 10_000
 BACKOFF = (5.0, 600.0)  # first and longest sleep while the provider is down
 
 
+class Sweep(Checkpoint):
+    after: int  # the last entry looked at
+    failures: int = 0  # the provider's outage so far, for the backoff
+
+
 class EmbedEntries(TaskDef):
     kind = EMBED
+    # It runs its phases itself (the first one like the rest); the table checks them.
+    spec = KindSpec(EMBED, version=1, phases=(Phase("", None), Phase("sweep", Sweep)))
 
     def __init__(self, store: Store, embedder: Embedder | None, *,
                  backoff: tuple[float, float] = BACKOFF):
@@ -54,8 +61,8 @@ class EmbedEntries(TaskDef):
         return out
 
     async def step(self, ctx: TaskContext):
-        cp = ctx.checkpoint if isinstance(ctx.checkpoint, dict) else {}
-        after, failures = int(cp.get("after", 0)), int(cp.get("failures", 0))
+        _, cp = self.spec.read(ctx.phase, ctx.checkpoint)
+        after, failures = (cp.after, cp.failures) if cp is not None else (0, 0)
         if self.embedder is None or self.embedder.model != ctx.inputs.get("model"):
             return Done({"stopped": "embeddings are configured differently now",
                          "after": after})

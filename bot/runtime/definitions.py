@@ -7,6 +7,11 @@ outcome together with the writes the phase collected. Two shapes cover everythin
   waiting on them (an agent turn, a compaction);
 - an `Effect`: one effect in the outside world wrapped in the sandwich
   intent -> effect -> result, replayed after a crash by its `Policy`.
+
+A kind of this build declares its phases, their checkpoints' types and its version in
+`spec` (bot/runtime/kinds.py); a checkpoint it cannot read is refused, and the task is
+quarantined (`refused`). Kinds without a `spec` (tests', benchmarks') take their
+checkpoints as they come.
 """
 
 import enum
@@ -16,6 +21,7 @@ from typing import Any, ClassVar
 from bot.runtime.context import TaskContext
 from bot.runtime.errors import NotPerformed, Unavailable  # noqa: F401 (re-exported)
 from bot.runtime.killpoints import kill_point
+from bot.runtime.kinds import Checkpoint, KindSpec, Phase
 from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome
 
 
@@ -27,6 +33,7 @@ class Policy(enum.StrEnum):
 
 class TaskDef(ABC):
     kind: ClassVar[str]
+    spec: ClassVar[KindSpec | None] = None
 
     @abstractmethod
     async def step(self, ctx: TaskContext) -> Outcome: ...
@@ -35,6 +42,27 @@ class TaskDef(ABC):
         """How the task ends when running it keeps killing the process (the runner's
         quarantine): failed with the reason, unless the kind knows someone to tell."""
         return Fail(reason)
+
+    async def refused(self, ctx: TaskContext, reason: str) -> Outcome:
+        """How the task ends when this build cannot read its checkpoint (`spec` refused
+        it, a newer build's, say): failed with the reason, unless the kind knows someone
+        to tell. `ctx.checkpoint` is the stored one, unread."""
+        return Fail(reason)
+
+
+class EffectMark(Checkpoint):
+    """An effect's checkpoint once its intent is committed (phase "effect")."""
+
+    claim: str | None = None  # the lease that started it (store.writes.Claim writes it)
+    not_performed: bool = False  # the last try said nothing happened
+    partial: Any = None  # what a long effect had done when it was cut off
+
+
+def effect_spec(kind: str, mark: type[EffectMark] = EffectMark, *,
+                version: int = 1) -> KindSpec:
+    """An effect kind's table: it starts from nothing (or a try that said nothing happened:
+    `not_performed`), then runs its effect."""
+    return KindSpec(kind, version, (Phase("", mark, or_none=True), Phase("effect", mark)))
 
 
 class Effect(TaskDef):
@@ -68,6 +96,8 @@ class Effect(TaskDef):
         return None
 
     async def step(self, ctx: TaskContext) -> Outcome:
+        if self.spec is not None:  # checked (and brought up to date) before it is trusted
+            ctx.phase, ctx.checkpoint = self.spec.upgraded(ctx.phase, ctx.checkpoint)
         policy = self.policy_for(ctx)
         if ctx.phase != "effect":
             if policy is Policy.SAFE:

@@ -1,65 +1,63 @@
-"""The task runner: leases ready tasks, runs their phases, commits each outcome.
+"""The task runner's claimer: it leases ready tasks and owns the slots they run in.
 
-One loop claims work up to `concurrency`; each claimed task runs in its own asyncio task,
-phase after phase, until it waits, ends or is handed back. Leases are renewed in the
-background; a worker that dies simply stops renewing, and its tasks become claimable.
+`Runner` claims work up to `concurrency` tasks at once; each claimed task runs in a slot (an
+asyncio task) that hands it to `PhaseDriver` (bot/runtime/phases.py: what runs one task's
+phases and commits their outcomes), and runs the next task the same slot was given. Leases
+are renewed in the background; a worker that dies simply stops renewing, and its tasks
+become claimable.
 
-A process that dies is not its tasks' fault: deaths are counted apart from failures
-(`Task.crashes`, reset by every committed phase), and a run of restarts never dead-letters
-anything by itself. But an input that kills the process each time it runs (a poison) must
-still end, and must not take the other work in flight with it. So a task found holding a
-lease at `suspect_crashes` deaths runs alone (nothing else is claimed until its phase is
-over, and what the same claim brought along is handed back); and one that has died
-`crash_limit` times, the first at least `crash_window_seconds` ago, without committing a
-phase in between, is quarantined: its definition's `poisoned` ends it (an agent turn tells
-the person; others fail with the reason).
+The claimer's rules (tests/test_runner_claimer.py has a test named after each):
 
-The store's outage (a database restarting, a full disk: `store.is_unavailable`) is nobody's
-fault either. The claim loop waits it out (`bot/runtime/supervision.py`: logged once when it
-starts and once when it ends) and carries on by itself. A phase whose commit the database
-refused outright (SQLite's full disk, PostgreSQL out of space: `store.is_refused`, nothing
-of it landed) keeps its outcome and commits it again until the store takes it, its effect
-not repeated; nothing new is claimed meanwhile. A phase whose commit was cut off with its
-connection (it may have landed) is *stranded*: once the store answers again it is handed
-back untouched (no death, no try counted) before anything is claimed, and runs again from
-its last committed phase, as after a crash. Any other error of the claim loop ends `run`
-with it, so that the process exits and is started afresh rather than stay up with nothing
-claiming its work.
+1. Never more than `concurrency` tasks run here: a claim asks only for the free slots
+   (those running, less the ones past their last commit, less those other claims under way
+   have reserved).
+2. A task's last commit also claims the work that takes its slot, in the same transaction,
+   and the first task it claims runs next in that slot: a busy queue costs one transaction
+   and no new asyncio task per step. While another last commit is claiming, it claims
+   nothing: the claim loop claims for every free slot at once.
+3. Nothing is claimed while stopping, while a suspect runs alone, or while a phase's
+   commit waits for the store to take it (a refused commit: bot/runtime/phases.py).
+4. An intent rides on the claim for the effect kinds that need one whatever the task; on
+   a claim that shares a last commit (in doubt if the process dies on that task's way
+   out), only those of effects that reconcile (`Registry.intents_at_claim`).
+5. A task found holding a lease at `suspect_crashes` deaths (a suspect of killing the
+   process) runs alone: what the same claim brought along is handed back, nothing else is
+   claimed until its run is over, and the work already in flight finishes before it
+   starts. While other work is ready, a suspect is put off for `suspect_defer_seconds`
+   from its first death, so what a poison would kill is done first.
+6. The store's outage (a database restarting, a full disk: `store.is_unavailable`) is
+   nobody's fault: the claim loop waits it out (bot/runtime/supervision.py: logged once
+   when it starts and once when it ends) and carries on by itself. A task whose commit was
+   cut off with its connection (it may have landed) is stranded: once the store answers
+   it is handed back untouched (no death, no try counted) before anything is claimed, and
+   runs again from its last committed phase. Any other error of the claim loop ends `run`
+   with it, so that the process exits and is started afresh.
+7. A finished task wakes the claim loop, unless its last commit already looked for work
+   (it filled every free slot, or found no more ready work).
+8. Leases are renewed every third of `lease_seconds`; with other workers on the store, the
+   running tasks of a worker whose liveness lock was free at two checks in a row are taken
+   over at once.
 """
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass
 
 from bot.runtime.context import TaskContext
 from bot.runtime.definitions import Registry
-from bot.runtime.errors import CUT_OFF, FAULT, POISON, NotPerformed, failure_kind
-from bot.runtime.killpoints import kill_point
-from bot.runtime.outcomes import Continue, Done, Fail, Interrupted, Outcome, Sleep, Wait
+from bot.runtime.phases import PhaseDriver
 from bot.runtime.supervision import LoopHealth, describe
 from store import (
-    BLOCKED,
-    DONE,
-    FAILED,
-    INTERRUPTED,
-    PENDING,
-    RUNNING,
-    WAITING,
     Claim,
     LeaseLost,
     Store,
-    StoreError,
     Task,
     TaskUpdate,
-    Writes,
-    is_refused,
     is_unavailable,
     new_id,
 )
@@ -73,11 +71,14 @@ class _Slot:
     to this same asyncio task (`next`), so a busy queue spawns no asyncio task, and wakes
     no claim loop, per step."""
 
-    __slots__ = ("task_id", "next")
+    __slots__ = ("task_id", "next", "looked")
 
     def __init__(self, task_id: str):
         self.task_id = task_id  # the task it runs now
         self.next: tuple[Task, str] | None = None  # (task, claim id) it runs after that
+        # Its task's last commit also claimed, and either filled every free slot or found
+        # no more ready work: its end leaves no slot for the claim loop to fill (rule 7).
+        self.looked = False
 
 
 @dataclass
@@ -112,10 +113,6 @@ class Runner:
         self._reserved = 0  # slots of claims under way
         self._ending: set[asyncio.Task] = set()  # jobs past their last commit: slots free
         self._closing = 0  # last commits under way (one of them claims for the slots)
-        # Tasks whose last commit also claimed, and either filled every free slot or
-        # found no more ready work: their end leaves no slot for the claim loop to fill,
-        # so it need not wake it.
-        self._looked: set[str] = set()
         # Claim ids: unique per lease (a checkpoint naming another claim was left by a
         # worker that died), so this runner's own unique id and a count.
         self._claim_ids = itertools.count(1)
@@ -127,7 +124,14 @@ class Runner:
         self._stopping = False
         self._stranded: set[str] = set()  # leased here, their commit lost to an outage
         self._dead_once: set[str] = set()  # workers whose liveness lock was free last time
-        self.commits = LoopHealth("runner commits")  # phases whose commit waits to land
+        self.driver = PhaseDriver(store, registry, self.options, self.owner,
+                                  end=self._commit_last, stopping=lambda: self._stopping,
+                                  wake=self._wake.set)
+
+    @property
+    def commits(self) -> LoopHealth:
+        """Phases whose commit waits for the store to take it."""
+        return self.driver.commits
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -276,12 +280,12 @@ class Runner:
             if slot.next is None:
                 return
             (task, claim_id), slot.next = slot.next, None
-            self._finished(slot.task_id, job, successor=task.id)
-            slot.task_id = task.id
+            self._finished(slot.task_id, job, successor=task.id, looked=slot.looked)
+            slot.task_id, slot.looked = task.id, False
             job.set_name(f"task:{task.kind}:{task.id}")
 
     def _slot_done(self, slot: _Slot, job: asyncio.Task) -> None:
-        self._finished(slot.task_id, job)
+        self._finished(slot.task_id, job, looked=slot.looked)
         if slot.next is not None:  # handed to the slot, never started (cancelled)
             self._finished(slot.next[0].id, job)
 
@@ -313,16 +317,15 @@ class Runner:
         self._solo = solo.id
         return [solo]
 
-    def _finished(self, task_id: str, job: asyncio.Task, *,
-                  successor: str | None = None) -> None:
-        """A task's run here is over; `successor`: the task its job runs next. A task
-        whose last commit here claimed it again (a wait that was over at once) runs on
-        under the same id, in this job or another."""
+    def _finished(self, task_id: str, job: asyncio.Task, *, successor: str | None = None,
+                  looked: bool = False) -> None:
+        """A task's run here is over; `successor`: the task its job runs next; `looked`:
+        its last commit looked for work already (rule 7). A task whose last commit here
+        claimed it again (a wait that was over at once) runs on under the same id, in this
+        job or another."""
         if self._inflight.get(task_id) is job and task_id != successor:
             del self._inflight[task_id]
         self._ending.discard(job)
-        looked = task_id in self._looked
-        self._looked.discard(task_id)
         if self._solo == task_id:
             self._solo, looked = None, False  # what it held back may be claimed now
         if not looked:
@@ -345,10 +348,11 @@ class Runner:
 
     async def _sleep(self, *, busy: bool) -> None:
         timeout = self.options.poll_seconds
-        # Work was just claimed, or every slot is busy: what comes next is announced by a
-        # finished task or a local commit (`wake`), so wait for that (or a poll) instead
-        # of asking the database when the next task is due.
-        if not busy and len(self._inflight) < self.options.concurrency:
+        # Work was just claimed, a last commit is claiming for the free slots (`_reserved`),
+        # or every slot is busy: what comes next is announced by a finished task or a local
+        # commit (`wake`), so wait for that (or a poll) instead of asking the database when
+        # the next task is due (at c=64 on SQLite, a read per finished task otherwise).
+        if not busy and not self._reserved and len(self._inflight) < self.options.concurrency:
             due = await self.store.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - time.time()))
@@ -383,28 +387,7 @@ class Runner:
         if confirmed and await self.store.take_over_dead(sorted(confirmed)):
             self.wake()
 
-    # -- running one task --------------------------------------------------------------
-
-    async def _commit(self, ctx: TaskContext, update: TaskUpdate) -> None:
-        ctx.writes.update_task(update)
-        await self._landed(self.store.commit, ctx.writes)
-
-    async def _landed(self, commit, *args, **kw):
-        """`await commit(*args, **kw)`, again and again while the store refuses it outright
-        (nothing of it landed: the same writes are sent again once it has room). An
-        outage that leaves the outcome unknown is raised: the task is stranded."""
-        while True:
-            try:
-                result = await commit(*args, **kw)
-            except Exception as exc:
-                if not is_refused(exc) or self._stopping:
-                    raise
-                await self.commits.wait_out(exc)
-                continue
-            if self.commits.waiting:
-                self.commits.progressed()
-                self._wake.set()  # claims were held back meanwhile
-            return result
+    # -- a task's run in its slot ------------------------------------------------------
 
     async def _commit_last(self, ctx: TaskContext, update: TaskUpdate,
                            slot: _Slot | None = None) -> None:
@@ -418,26 +401,20 @@ class Runner:
         # (bench/store.py c=64 on SQLite: 3,400-4,200 steps/s with, 5,700-9,300 without).
         claim = None if self._closing else self._next_claim(leaving=1)
         if claim is None:
-            await self._landed(self.store.commit, ctx.writes)
+            await self.driver.landed(self.store.commit, ctx.writes)
             return
         self._reserved += claim.limit
         self._closing += 1
         try:
-            result = await self._landed(self.store.commit, ctx.writes, then_claim=claim)
+            result = await self.driver.landed(self.store.commit, ctx.writes, then_claim=claim)
         finally:
             self._reserved -= claim.limit
             self._closing -= 1
         self._ending.add(asyncio.current_task())  # its slot is the claimed task's now
         admitted = await self._admit(result.claimed, claim, slot) if result.claimed else []
-        if not result.duplicate and (len(result.claimed) < claim.limit
-                                     or len(admitted) == claim.limit):
-            self._looked.add(ctx.task.id)
-
-    def _update(self, ctx: TaskContext, state: str, **kw) -> TaskUpdate:
-        kw.setdefault("phase", ctx.phase)
-        kw.setdefault("checkpoint", ctx.checkpoint)
-        kw.setdefault("attempts", 0)
-        return TaskUpdate(ctx.task.id, self.owner, state, **kw)
+        if slot is not None and not result.duplicate and (
+                len(result.claimed) < claim.limit or len(admitted) == claim.limit):
+            slot.looked = True
 
     async def _drive(self, task: Task, claim_id: str, slot: _Slot | None = None) -> None:
         ctx = TaskContext(self.store, task, owner=self.owner, claim=claim_id)
@@ -446,7 +423,7 @@ class Runner:
             if others:
                 await asyncio.wait(others)
         try:
-            await self._drive_phases(ctx, slot)
+            await self.driver.drive(ctx, slot)
         except LeaseLost as exc:
             log.warning("%s", exc)
         except Exception as exc:
@@ -458,118 +435,3 @@ class Runner:
                          task.kind, describe(exc))
             else:
                 log.exception("task %s (%s): could not commit", task.id, task.kind)
-
-    async def _drive_phases(self, ctx: TaskContext, slot: _Slot | None = None) -> None:
-        task = ctx.task
-        definition = self.registry.get(task.kind)
-        if definition is None:
-            log.error("task %s: no definition for kind %r; blocked", task.id, task.kind)
-            await self._commit(ctx, self._update(
-                ctx, BLOCKED, error=f"no definition registered for task kind {task.kind!r}"))
-            return
-        if self._poisonous(task):
-            reason = (f"quarantined: the process died {task.crashes} times while running "
-                      f"it, over {time.time() - task.crashed_since:.0f} s")
-            log.error("task %s (%s) %s", task.id, task.kind, reason)
-            update = self._outcome_update(ctx, await definition.poisoned(ctx, reason))
-            if update.state == FAILED:
-                update = dataclasses.replace(update, failure=POISON)
-            await self._commit(ctx, update)
-            return
-        attempt = task.attempts + 1  # tries of the current phase, this one included
-        # Its intent rode on the claim (store.writes.Claim): the claim was the intent commit.
-        rode = task.phase == "effect" and task.checkpoint == {"claim": ctx.claim}
-        if rode:
-            kill_point("after-intent", task.kind)
-        while True:
-            if self._stopping:
-                # Between phases: hand the task back untouched; it resumes from here (one
-                # that has not run a step since its intent rode on the claim, from the start).
-                if rode:
-                    ctx.phase, ctx.checkpoint = "", None
-                await self._commit(ctx, self._update(ctx, PENDING, attempts=0))
-                return
-            ctx.writes = Writes()  # each phase starts with nothing to write
-            kill_point("in-phase", f"{task.kind}.{ctx.phase}")
-            try:
-                outcome = await definition.step(ctx)
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                await self._failed_attempt(ctx, exc, attempt)
-                return
-            rode = False
-            try:
-                if isinstance(outcome, Continue):
-                    await self._commit(ctx, self._outcome_update(ctx, outcome))
-                else:
-                    await self._commit_last(ctx, self._outcome_update(ctx, outcome), slot)
-            except LeaseLost:
-                raise
-            except StoreError as exc:  # the phase wrote something the store refuses
-                await self._failed_attempt(ctx, exc, attempt)
-                return
-            attempt = 1
-            if isinstance(outcome, Continue | Wait | Sleep):
-                kill_point("after-phase", f"{task.kind}.{outcome.phase}")
-            if isinstance(outcome, Continue):
-                ctx.phase, ctx.checkpoint = outcome.phase, outcome.checkpoint
-                if outcome.phase == "effect":
-                    kill_point("after-intent", task.kind)
-                continue
-            if not isinstance(outcome, Wait | Sleep):
-                kill_point("after-result", task.kind)
-            return
-
-    def _outcome_update(self, ctx: TaskContext, outcome: Outcome) -> TaskUpdate:
-        match outcome:
-            case Continue(phase, checkpoint):
-                # The next phase starts now, in this claim: no try of it has failed yet.
-                return self._update(ctx, RUNNING, phase=phase, checkpoint=checkpoint)
-            case Wait(phase, checkpoint, mode):
-                return self._update(ctx, WAITING, phase=phase, checkpoint=checkpoint,
-                                    wait_mode=mode)
-            case Sleep(seconds, phase, checkpoint, until_settled):
-                return self._update(ctx, PENDING, phase=phase, checkpoint=checkpoint,
-                                    run_after=time.time() + seconds,
-                                    wake_if_settled=list(until_settled))
-            case Done(result, inputs):
-                return self._update(ctx, DONE, result=result, inputs=inputs)
-            case Fail(error, result):
-                return self._update(ctx, FAILED, error=error, result=result, failure=FAULT)
-            case Interrupted(result):
-                return self._update(ctx, INTERRUPTED, result=result, failure=CUT_OFF,
-                                    error="interrupted: the effect was cut off and is unsafe "
-                                    "to repeat")
-        raise TypeError(f"task step returned {outcome!r}, not an outcome")
-
-    def _poisonous(self, task: Task) -> bool:
-        o = self.options
-        return (task.crashes >= o.crash_limit and task.crashed_since is not None
-                and time.time() - task.crashed_since >= o.crash_window_seconds)
-
-    async def _failed_attempt(self, ctx: TaskContext, exc: Exception, attempt: int) -> None:
-        task = ctx.task
-        error = f"{type(exc).__name__}: {exc}"
-        kind = failure_kind(exc)  # bot/runtime/errors.py
-        log.warning("task %s (%s) attempt %d failed: %s", task.id, task.kind, attempt,
-                    error, exc_info=kind == FAULT)
-        checkpoint = ctx.checkpoint
-        if isinstance(exc, NotPerformed):  # certainly nothing happened: no reconciling later
-            checkpoint = {**(checkpoint or {}), "not_performed": True}
-        # An outage (Unavailable: the checkpoint keeps the doubt) or contention (lost a race
-        # to an edit that landed, bounded by how many edits there are) is no fault of the
-        # task's: as many tries as an outage.
-        limit = self.options.max_attempts if kind == FAULT else self.options.outage_attempts
-        ctx.writes = Writes()  # the failed phase's writes are dropped
-        if attempt >= limit:
-            await self._commit(ctx, self._update(
-                ctx, FAILED, checkpoint=checkpoint, failure=kind,
-                error=f"dead-lettered after {attempt} attempts; last error: {error}"))
-            return
-        delay = min(self.options.retry_max_seconds,
-                    self.options.retry_base_seconds * 2 ** (attempt - 1))
-        delay *= random.uniform(0.5, 1.0)
-        await self._commit(ctx, self._update(ctx, PENDING, checkpoint=checkpoint, error=error,
-                                             failure=kind, run_after=time.time() + delay,
-                                             attempts=attempt))
