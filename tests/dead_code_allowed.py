@@ -31,6 +31,8 @@ _.create_client
 _._response_pending
 # a table of the schema's metadata that only migrations and raw SQL name (store/schema.py)
 forgotten
+# a checkpoint's field the effect reads and writes by its key (bot/agent/llm_call.py)
+_.server_wait_since
 # pydantic's configuration
 model_config
 # the connectors, loaded by name (bot/app/wiring.py CONNECTORS)
