@@ -67,7 +67,7 @@ class EmbedEntries(TaskDef):
             return Done({"stopped": "embeddings are configured differently now",
                          "after": after})
         model = self.embedder.model
-        async with self.store._engines.read.connect() as conn:
+        async with self.store.engines.read.connect() as conn:
             rows = await _vectors.missing(conn, model, after=after,
                                           limit=self.embedder.batch_size)
         if not rows:
@@ -81,7 +81,7 @@ class EmbedEntries(TaskDef):
                 delay = max(delay, min(exc.retry_after, longest))
             log.warning("embeddings unavailable (%s); again in %.0f s", exc, delay)
             return Sleep(delay, "sweep", {"after": after, "failures": failures + 1})
-        async with self.store._engines.write.begin() as conn:
+        async with self.store.engines.write.begin() as conn:
             await _vectors.put(conn, self.store.dialect, model, found)
         kill_point("embed-stored", EMBED)  # the vectors are committed, the cursor is not
         return Continue("sweep", {"after": rows[-1][0]})
