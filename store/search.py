@@ -34,8 +34,10 @@ Ranking, highest first, ties by newest entry id (so pages never overlap):
     relevance  Okapi BM25 summed over the query's terms: each term's weight (its inverse
                document frequency: rare words count, common ones barely) times how often
                it occurs in the entry, saturating, normalised by the entry's length.
-               SQLite: −bm25() of the term's own FTS5 query (FTS5 counts the document
-               frequency over the whole index); PostgreSQL: ln(1 + (N − df + ½)/(df + ½))
+               SQLite: −bm25() of the term's own FTS5 query, re-weighed for chat
+               (store/fts_relevance.py: length normalisation b 0.25, not FTS5's fixed
+               0.75; within a scope the document frequency counted there, as on
+               PostgreSQL, not over the whole index); PostgreSQL: ln(1 + (N − df + ½)/(df + ½))
                × ts_rank(weights 1, normalisation 1), df counted in scope (at least what
                ANALYZE's lexeme statistics say for a common word); + 1e-9 so a zero
                never hides recency
