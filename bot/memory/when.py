@@ -125,17 +125,6 @@ def _number(word: str) -> int:
     return int(word) if word.isdigit() else NUMBERS[word]
 
 
-def _shift(d: date, unit: str, n: int) -> date:
-    """`d` moved back by n units (months and years by the calendar, to the 1st)."""
-    if unit == "day":
-        return d - timedelta(days=n)
-    if unit == "week":
-        return d - timedelta(weeks=n)
-    if unit == "month":
-        return _month_start(d.year, d.month - n)
-    return date(d.year - n, 1, 1)
-
-
 def _season(today: date, first_month: int, which: str) -> tuple[date, date]:
     """[start, end) of the season that starts in `first_month`: the latest one that has
     begun ("in", "this") or is over ("last")."""
