@@ -34,8 +34,10 @@ Ranking, highest first, ties by newest entry id (so pages never overlap):
     relevance  Okapi BM25 summed over the query's terms: each term's weight (its inverse
                document frequency: rare words count, common ones barely) times how often
                it occurs in the entry, saturating, normalised by the entry's length.
-               SQLite: −bm25() of the term's own FTS5 query (FTS5 counts the document
-               frequency over the whole index); PostgreSQL: ln(1 + (N − df + ½)/(df + ½))
+               SQLite: −bm25() of the term's own FTS5 query, re-weighed for chat
+               (store/fts_relevance.py: length normalisation b 0.25, not FTS5's fixed
+               0.75; within a scope the document frequency counted there, as on
+               PostgreSQL, not over the whole index); PostgreSQL: ln(1 + (N − df + ½)/(df + ½))
                × ts_rank(weights 1, normalisation 1), df counted in scope (at least what
                ANALYZE's lexeme statistics say for a common word); + 1e-9 so a zero
                never hides recency
@@ -86,6 +88,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from store import fts_relevance
 from store.plain import run
 from store.reads import ENTRY as ENTRY_COLUMNS
 from store.records import Entry, entry_from_row
@@ -401,6 +404,18 @@ async def _sqlite_source(conn, t: Term) -> tuple[str, str] | None:
     return ("entries_cjk", " OR ".join(_fts_string(g) for g in trigrams)) if trigrams else None
 
 
+async def _index_df(conn, sources: list[tuple[str, str] | None]) -> dict[int, int]:
+    """{term's index: its document frequency in `entries_fts`}, in one round trip (what
+    bm25() counts too: a walk of the term's list of rows)."""
+    words = {i: s[1] for i, s in enumerate(sources) if s is not None and s[0] == "entries_fts"}
+    if not words:
+        return {}
+    counts = ", ".join(f"(SELECT count(*) FROM entries_fts WHERE entries_fts MATCH :d{i})"
+                       for i in words)
+    row = (await run(conn, f"SELECT {counts}", {f"d{i}": m for i, m in words.items()})).one()
+    return dict(zip(words, row, strict=True))
+
+
 async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Scope, now,
                           window: int, when: tuple[float, float] | None = None,
                           answers: bool = False):
@@ -422,8 +437,10 @@ async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Sco
         params.update(lo=lo, hi=hi)
         sparse = [f"+m.id IN ({ids})", "m.id BETWEEN :lo AND :hi"]
     branches, required = [], 0
-    for i, t in enumerate(terms):
-        source = await _sqlite_source(conn, t)
+    fts = await fts_relevance.totals(conn)
+    sources = [await _sqlite_source(conn, t) for t in terms]
+    df = await _index_df(conn, sources) if scope.ids is not None and fts.ln else {}
+    for i, (t, source) in enumerate(zip(terms, sources, strict=True)):
         if source is None:
             if t.quoted:
                 raise _NoMatch(t.text)
@@ -440,10 +457,20 @@ async def _sqlite_ranking(conn, terms: list[Term], pairs: list[str], scope: _Sco
         # The index drives, newest match first (CROSS JOIN fixes the order; FTS5 yields
         # rowids in descending order itself): entries are read by primary key, for
         # matching rows only, until the window is full; bm25() only for those rows.
+        # In `entries_fts`, relevance is re-weighed for chat (store/fts_relevance.py): a
+        # long turn is not buried under short ones, and a word is as rare as it is where
+        # the search looks.
         cond = " AND ".join(["m.id = e.id", *where, *sparse])
-        branches.append(head.format(rel="m.rel") + f"(SELECT rowid AS id, -bm25({table}) AS rel "
-                        f"FROM {table} WHERE {table} MATCH :m{i}) AS m CROSS JOIN entries AS e "
-                        f"WHERE {cond} ORDER BY m.id DESC LIMIT :w")
+        rel = "m.rel" if table != "entries_fts" else fts_relevance.relevance(
+            "m.rel", "e.text", "e.author", fts.avg_tokens)
+        branch = (head.format(rel=rel) + f"(SELECT rowid AS id, -bm25({table}) AS rel "
+                  f"FROM {table} WHERE {table} MATCH :m{i}) AS m CROSS JOIN entries AS e "
+                  f"WHERE {cond} ORDER BY m.id DESC LIMIT :w")
+        if i in df:
+            branch = fts_relevance.scoped(
+                branch, "rel", fts_relevance.index_idf(fts.rows, df[i]), scope.rows,
+                df[i] * scope.rows / max(fts.rows, 1))
+        branches.append(branch)
     if when is not None:
         params.update(since=when[0], until=when[1], tw=TIME_ROWS)
         branches.append(_window_branch(where))

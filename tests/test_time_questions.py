@@ -156,6 +156,30 @@ def test_weeks_and_parts_of_a_month():
     assert not parse_when("the second week of November", now=now, zone=UTC).relative
 
 
+def test_days_before_and_after():
+    now = ts("2024-12-06T10:00:00")  # a Friday
+    assert span("what's on the day after tomorrow?", now) == ("2024-12-08", "2024-12-09")
+    assert span("tomorrow", now) == ("2024-12-07", "2024-12-08")
+    assert span("the day before yesterday", now) == ("2024-12-04", "2024-12-05")
+    assert span("what did Anna do the day after May 3rd?", now) == ("2024-05-04", "2024-05-05")
+    assert span("two days before 3 May 2023", now) == ("2023-05-01", "2023-05-02")
+    assert span("3 days after 2024-02-27", now) == ("2024-03-01", "2024-03-02")  # leap year
+    assert span("a week after March 10", now) == ("2024-03-14", "2024-03-21")  # the 17th ± 3
+    assert span("the day after last weekend", now) == ("2024-12-02", "2024-12-03")  # Monday
+    assert span("two days before the second week of November", now) == (
+        "2024-11-06", "2024-11-07")
+    assert span("on December 25", now) == ("2023-12-25", "2023-12-26")  # the latest begun
+    # an event is no time phrase: the next one in the question counts, or none
+    assert span("the day after the party", now) is None
+    assert span("the day after the party last week", now) == ("2024-11-25", "2024-12-02")
+    assert span("February 30", now) is None and span("we may 3d print it", now) is None
+    w = parse_when("what did Bo say the day after yesterday?", now=now, zone=UTC)
+    assert w.relative and w.phrase == "the day after yesterday"
+    assert w.rest("what did Bo say the day after yesterday?") == "what did Bo say  ?"
+    dated = parse_when("what did Bo say two days before May 3?", now=now, zone=UTC)
+    assert not dated.relative and dated.phrase == "two days before May 3"
+
+
 async def test_one_conversation_is_asked_about_in_its_own_time(store):
     """Searching one conversation (`steward search --session`), "last week" is the week
     before its newest message, not before today: an imported chat from 2023."""

@@ -34,7 +34,7 @@ NEEDS = (("numpy", "numpy"), ("tokenizers", "tokenizers"), ("safetensors", "safe
          ("threadpoolctl", "threadpoolctl"))
 SETUP = "bash scripts/setup local"
 MAX_TOKENS = 256  # sentence_bert_config.json max_seq_length
-CHUNK = 16  # texts per forward pass, after sorting by length
+CHUNK = 32  # texts per forward pass, after sorting by length (16: ~6% more CPU per text)
 
 
 class LoadError(Exception):

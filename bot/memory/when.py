@@ -1,6 +1,6 @@
 """Time in a question: "yesterday", "last week", "last spring", "in May 2023", "3 days
-ago" as a stretch of time [since, until) in the asker's timezone, so that the search can
-prefer what was said then (store/search.py: `window`).
+ago", "the day after May 3rd" as a stretch of time [since, until) in the asker's timezone,
+so that the search can prefer what was said then (store/search.py: `window`).
 
 Only the first time phrase of a question counts. Relative phrases ("yesterday", "last
 week", "two months ago") are taken out of the words looked up: they say when, not what.
@@ -15,7 +15,12 @@ summer June to August, autumn September to November, winter December to February
 the one of this year; "in X" the latest one that has begun. A month without a year is
 the latest that has begun. "The second week of November" is its days 8-14 ("the last
 week": its last seven), "early/mid/late May" its days 1-10, 10-20 and 20 to the end;
-"last weekend" the latest Saturday and Sunday that are over.
+"last weekend" the latest Saturday and Sunday that are over. A date ("May 3rd", "3 May
+2024", "2024-05-03") is that day, without a year the latest that has begun; "tomorrow" and
+"the day after tomorrow" are days ahead (a question may ask what was planned for them).
+"The day after X", "two days before X", "a week after X" shift any of these phrases X (a
+week by three days' slack each side); X may not be an event ("the day after the party"
+names no time this parser can know), and the shifted phrase is relative when X is.
 """
 
 import re
@@ -38,9 +43,16 @@ _NUM = r"(\d{1,3}|a couple of|couple of|a few|few|several|an?|one|two|three|four
        r"seven|eight|nine|ten)"
 _UNIT = r"(day|week|month|year)s?"
 _MONTH = "|".join(sorted(MONTHS, key=len, reverse=True))
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(?:,? ((?:19|20)\d\d))?"
 _PATTERNS = [  # (name, pattern); first match in the text wins, then the earliest pattern
     ("day_before", r"\bthe day before yesterday\b"),
+    ("day_after", r"\bthe day after tomorrow\b"),
+    ("offset", rf"\b(?:the )?(?:(day)|(?:{_NUM} (day|week)s?)) (after|before) "),
     ("yesterday", r"\byesterday\b"),
+    ("tomorrow", r"\btomorrow\b"),
+    ("iso_date", r"\b((?:19|20)\d\d)-(\d\d)-(\d\d)\b"),
+    ("date", rf"\b(?:on )?(?:({_MONTH})\.? {_DAY}|{_DAY} (?:of )?({_MONTH})\.?){_YEAR}\b"),
     ("last_night", r"\blast night\b"),
     ("today", r"\b(today|this morning|this afternoon|this evening|tonight)\b"),
     ("ago", rf"\b{_NUM} {_UNIT} ago\b"),
@@ -60,8 +72,9 @@ _PATTERNS = [  # (name, pattern); first match in the text wins, then the earlies
     ("year", r"\b(?:in|during|since) ((?:19|20)\d\d)\b"),
     ("recent", r"\b(recently|lately|these days)\b"),
 ]
-_RELATIVE = {"day_before", "yesterday", "last_night", "today", "ago", "past", "past_one",
-             "rel_season", "rel_unit", "rel_month", "in_season", "recent", "weekend"}
+_RELATIVE = {"day_before", "day_after", "tomorrow", "yesterday", "last_night", "today", "ago",
+             "past", "past_one", "rel_season", "rel_unit", "rel_month", "in_season", "recent",
+             "weekend"}
 _NTH = {"first": 0, "1st": 0, "second": 1, "2nd": 1, "third": 2, "3rd": 2, "fourth": 3,
         "4th": 3}
 _PART = {"early": (1, 11), "mid": (10, 21), "late": (20, 32), "the beginning of": (1, 11),
@@ -112,17 +125,6 @@ def _number(word: str) -> int:
     return int(word) if word.isdigit() else NUMBERS[word]
 
 
-def _shift(d: date, unit: str, n: int) -> date:
-    """`d` moved back by n units (months and years by the calendar, to the 1st)."""
-    if unit == "day":
-        return d - timedelta(days=n)
-    if unit == "week":
-        return d - timedelta(weeks=n)
-    if unit == "month":
-        return _month_start(d.year, d.month - n)
-    return date(d.year - n, 1, 1)
-
-
 def _season(today: date, first_month: int, which: str) -> tuple[date, date]:
     """[start, end) of the season that starts in `first_month`: the latest one that has
     begun ("in", "this") or is over ("last")."""
@@ -145,8 +147,14 @@ def _span(name: str, m: re.Match, today: date) -> tuple[date, date] | None:
     tomorrow = today + timedelta(days=1)
     if name == "day_before":
         return today - timedelta(days=2), today - timedelta(days=1)
+    if name == "day_after":
+        return today + timedelta(days=2), today + timedelta(days=3)
     if name == "yesterday":
         return today - timedelta(days=1), today
+    if name == "tomorrow":
+        return tomorrow, tomorrow + timedelta(days=1)
+    if name in ("date", "iso_date"):
+        return _date(g, today)
     if name == "last_night":
         return today - timedelta(days=1), tomorrow
     if name == "today":
@@ -213,18 +221,67 @@ def _span(name: str, m: re.Match, today: date) -> tuple[date, date] | None:
     return None
 
 
+def _date(g: tuple, today: date) -> tuple[date, date] | None:
+    """One day: "May 3rd", "3 May 2024", "2024-05-03"; without a year the latest that has
+    begun. None for no such day, or "may 3" in lower case without a year (the verb)."""
+    if len(g) == 3:  # ISO
+        year, month, day = int(g[0]), int(g[1]), int(g[2])
+    else:
+        word = g[0] or g[3]
+        if word == "may" and not g[4]:
+            return None
+        month, day = MONTHS[word.lower()], int(g[1] or g[2])
+        year = int(g[4]) if g[4] else today.year
+    try:
+        d = date(year, month, day)
+        if len(g) == 5 and not g[4] and d > today:
+            d = date(year - 1, month, day)
+    except ValueError:  # "February 30", or February 29 of a year without it
+        return None
+    return d, d + timedelta(days=1)
+
+
+def _offset(m: re.Match, text: str, today: date) -> tuple[date, date, int, bool] | None:
+    """"The day after X", "two days before X", "a week after X": the day that far from the
+    time phrase X right after it (after: from X's last day; before: from its first), a
+    week's with three days' slack each side. (first day, day after the last, where X ends,
+    whether X was relative.) None when X is no time phrase ("the day after the party")."""
+    for name, pattern in _COMPILED:
+        if name == "offset":
+            continue
+        x = pattern.match(text, m.end())
+        span = _span(name, x, today) if x else None
+        if span is None:
+            continue
+        n = 1 if m.group(1) else _number(m.group(2))
+        days = n * (7 if (m.group(3) or "day").lower() == "week" else 1)
+        at = (span[1] + timedelta(days=days - 1) if m.group(4).lower() == "after"
+              else span[0] - timedelta(days=days))
+        slack = 3 if days >= 7 else 0
+        return (at - timedelta(days=slack), at + timedelta(days=slack + 1), x.end(),
+                name in _RELATIVE)
+    return None
+
+
 def parse_when(text: str, *, now: float, zone: tzinfo) -> When | None:
     """The first time phrase in `text`, as a stretch of time in `zone` seen from `now`."""
     today = datetime.fromtimestamp(now, zone).date()
     found = sorted(((m.start(), i, name, m) for i, (name, pattern) in enumerate(_COMPILED)
                     for m in pattern.finditer(text)), key=lambda f: (f[0], f[1]))
     for _, _, name, m in found:
-        span = _span(name, m, today)
-        if span is None:
-            continue
-        first, after = span
+        end, relative = m.end(), name in _RELATIVE
+        if name == "offset":
+            shifted = _offset(m, text, today)
+            if shifted is None:
+                continue
+            first, after, end, relative = shifted
+        else:
+            span = _span(name, m, today)
+            if span is None:
+                continue
+            first, after = span
         if m.group(0).lower().startswith("since"):
             after = today + timedelta(days=1)
-        return When(_midnight(first, zone), _midnight(after, zone), m.group(0), m.start(),
-                    m.end(), name in _RELATIVE)
+        return When(_midnight(first, zone), _midnight(after, zone), text[m.start():end],
+                    m.start(), end, relative)
     return None
