@@ -156,7 +156,7 @@ async def serving_agent(url: str, home: Path, *, store_class: type | None = None
     async with AsyncExitStack() as stack:
         store = (store_class or CountingStore)(create_engines(config.store_url))
         stack.push_async_callback(store.close)
-        await migrate(store._engines)
+        await migrate(store.engines)
         http = await stack.enter_async_context(httpx.AsyncClient())
         deps = AgentDeps(store=store, config=config, client=ScriptedModel(script, delay=0),
                          toolbox=await build_toolbox(config), http=http)
@@ -188,7 +188,7 @@ async def finished_tasks(store: Store, **where) -> list:
                    func.length(tasks.c.inputs).label("size")).order_by(tasks.c.id)
     for column, value in where.items():
         query = query.where(tasks.c[column] == value)
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         rows = (await conn.execute(query)).all()
     states = Counter(r.state for r in rows)
     if set(states) - {DONE}:

@@ -152,7 +152,7 @@ async def embedding_agent(url: str, home: Path, provider: FakeEmbeddings, batch:
     async with AsyncExitStack() as stack:
         store = Store(create_engines(config.store_url))
         stack.push_async_callback(store.close)
-        await migrate(store._engines)
+        await migrate(store.engines)
         http = await stack.enter_async_context(httpx.AsyncClient(
             timeout=httpx.Timeout(60.0, connect=10.0)))
         embedder = _embeddings.make(config, http)  # as open_app: before the registry
@@ -215,12 +215,12 @@ def rss() -> float:
 
 
 async def vector_count(store: Store) -> int:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return await conn.scalar(text("SELECT count(*) FROM entry_vectors"))
 
 
 async def searchable_count(store: Store) -> int:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return await conn.scalar(text(
             "SELECT count(*) FROM entries WHERE kind IN ('user', 'assistant', 'tool_result', "
             "'compaction') AND text != ''"))

@@ -124,7 +124,7 @@ async def build_idle(store: Store, pool: list[str], n: int) -> dict:
     start = time.perf_counter()
     with_, rows = series(d, "1", "CAST(:n AS bigint)")
     k_with, k_rows = series(d, "1", "3")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(text("CREATE TABLE bench_pool (id INTEGER PRIMARY KEY, text TEXT)"))
         await conn.execute(text("INSERT INTO bench_pool (id, text) VALUES (:id, :text)"),
                            [{"id": i, "text": t} for i, t in enumerate(pool)])
@@ -148,13 +148,13 @@ async def build_conversation(store: Store, n: int, biggest: int) -> tuple[int, d
     sql = text(with_ + insert_entries(store.dialect, rows, "CAST(:c AS bigint)", "s.i"))
     start = time.perf_counter()
     for lo in range(1, n + 1, BATCH):
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             await conn.execute(sql, {"lo": lo, "hi": min(lo + BATCH - 1, n), "c": conv.id,
                                      "t0": time.time() - n * step, "step": step})
         if n > BATCH:
             note(f"    {min(lo + BATCH - 1, n):,}/{n:,} "
                  f"({time.perf_counter() - start:.0f}s)")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(text("UPDATE conversations SET last_seq = :n WHERE id = :c"),
                            {"n": n, "c": conv.id})
         if store.dialect == "postgresql":

@@ -715,7 +715,7 @@ async def settle(store) -> None:
     """PostgreSQL after a bulk import, as autovacuum would leave it shortly after: the GIN
     index's pending list merged (a fresh import is read from it row by row) and ANALYZEd."""
     if store.dialect == "postgresql":
-        async with store._engines.write.connect() as conn:
+        async with store.engines.write.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             await conn.exec_driver_sql("VACUUM ANALYZE entries, conversations")
 

@@ -340,7 +340,7 @@ def _statement_caches(store: Store) -> tuple[int, int, int]:
     """(statements in SQLAlchemy's compiled caches, pooled connections, statements in their
     prepared-statement caches: SQLAlchemy's asyncpg adapter's and asyncpg's own)."""
     compiled = pooled = prepared = 0
-    for engine in {store._engines.write, store._engines.read}:
+    for engine in {store.engines.write, store.engines.read}:
         compiled += len(engine.sync_engine._compiled_cache or ())
         for record in list(engine.sync_engine.pool._pool._queue._queue):
             pooled += 1
@@ -425,7 +425,7 @@ async def quiesce(deps: AgentDeps, runner: Runner) -> dict:
 
 
 async def compactions(store: Store) -> int:
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         return (await conn.execute(select(func.count()).select_from(tasks).where(
             tasks.c.kind == COMPACT, tasks.c.state == DONE))).scalar_one()
 

@@ -290,9 +290,9 @@ async def _sqlite_design_floor(path: str, steps: int, unsafe: bool,
 async def _pg_design_floor(store: Store, steps: int, unsafe: bool,
                            warmup: int) -> list[float]:
     """In the store's own schema, on one of its hot-path connections (its settings)."""
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(insert(tasks), _design_tasks(warmup + steps))
-    async with (await store._engines.pool()).acquire() as conn:
+    async with (await store.engines.pool()).acquire() as conn:
         return await _design_run(
             lambda: pg_claim(conn, DESIGN, now()),
             lambda task_id: pg_update(conn, _intent(task_id), now()),
@@ -324,7 +324,7 @@ async def bench_sandwich(store: TimedStore, kind: str, n: int, concurrency: int)
     await store.commit(writes)
     # Statistics, as any store that has run a while has them (autovacuum's ANALYZE on
     # PostgreSQL): the plans timed are those a long-running store gets.
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(text("ANALYZE tasks"))
     runner = Runner(store, Registry(SafeNoop(), UnsafeNoop()),
                     RunnerOptions(concurrency=concurrency, poll_seconds=0.01))
@@ -354,9 +354,9 @@ async def _queue_up(store: Store, n: int) -> None:
         rows = [dict(id=new_id(), kind=KIND_IDLE, state="pending", phase="", inputs="{}",
                      attempts=0, crashes=0, run_after=0.0, created_at=t, updated_at=t)
                 for _ in range(lo, min(lo + BATCH, n))]
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             await conn.execute(insert(tasks), rows)
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(text("ANALYZE"))
 
 
@@ -378,7 +378,7 @@ async def bench_claims(store: Store, depths: list[int]) -> dict:
     lo, hi = (out[f"claim with {d:,} ready p50/p99 (ms)"][0] for d in (min(depths),
                                                                         max(depths)))
     out[f"claim p50 {max(depths):,} / {min(depths):,} ready"] = hi / lo
-    async with store._engines.write.begin() as conn:  # out of the way of what follows
+    async with store.engines.write.begin() as conn:  # out of the way of what follows
         await conn.execute(update(tasks).where(tasks.c.kind == KIND_IDLE).values(state=DONE))
     return out
 
@@ -393,12 +393,12 @@ async def build_conversation(store: Store, n: int, rng: random.Random) -> int:
                      author="user" if seq % 2 else "steward", text=texts[seq % len(texts)],
                      data=None, ref=None, task_id=None, created_at=t + seq * 1e-3)
                 for seq in range(lo, min(lo + BATCH, n + 1))]
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             await conn.execute(insert(entries), rows)
         if n > BATCH and (lo // BATCH + 1) % 10 == 0:
             note(f"  built {lo + len(rows) - 1:,}/{n:,} entries "
                  f"({time.perf_counter() - t0:.0f}s)")
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         await conn.execute(update(conversations).where(conversations.c.id == conv.id)
                            .values(last_seq=n))
     return conv.id
@@ -457,7 +457,7 @@ async def run_backend(url: str, sizes: list[int], steps: int, burst: int,
     results: dict = {}
     store = TimedStore(create_engines(url))
     try:
-        await migrate(store._engines)
+        await migrate(store.engines)
         if warmup:
             note(f"  warm-up: {warmup} of each kind, untimed")
             for kind in (KIND_SAFE, KIND_UNSAFE):

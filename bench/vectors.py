@@ -41,7 +41,7 @@ from bot.memory.embeddings import Embedder  # noqa: E402
 from bot.memory.retrieval import remember  # noqa: E402
 from store import open_store  # noqa: E402
 from store import vectors as _vectors  # noqa: E402
-from store.plain import run  # noqa: E402
+from store.read.plain import run  # noqa: E402
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 MODEL = "bench-embed"
@@ -123,7 +123,7 @@ async def load(store, vecs: np.ndarray, conversations: int) -> dict:
            "SELECT i FROM s" if dialect == "sqlite" else
            "SELECT generate_series(0, :n - 1) AS i")
     pg_schema = None
-    async with store._engines.write.begin() as conn:
+    async with store.engines.write.begin() as conn:
         if dialect == "postgresql":
             pg_schema = (await _vectors._pg(conn, MODEL)).schema
         for cid, (lo, hi) in spans.items():
@@ -132,7 +132,7 @@ async def load(store, vecs: np.ndarray, conversations: int) -> dict:
                 f"SELECT :c, i + 1, CASE i % 2 WHEN 0 THEN 'user' ELSE 'assistant' END, "
                 f"'pat', 'note ' || (:lo + i) || ' about lunch and the garden', "
                 f"1700000000 + :lo + i FROM ({gen}) AS g"), {"c": cid, "n": hi - lo, "lo": lo})
-    async with store._engines.read.connect() as conn:
+    async with store.engines.read.connect() as conn:
         ids = {cid: [r[0] for r in await conn.execute(text(
             "SELECT id FROM entries WHERE conversation_id = :c ORDER BY seq"), {"c": cid})]
             for cid in spans}
@@ -145,7 +145,7 @@ async def load(store, vecs: np.ndarray, conversations: int) -> dict:
     t = time.time()
     for lo in range(0, n, 5000):
         hi = min(n, lo + 5000)
-        async with store._engines.write.begin() as conn:
+        async with store.engines.write.begin() as conn:
             if dialect == "sqlite":
                 await conn.execute(text(
                     "INSERT INTO entry_vectors (model, entry_id, conversation_id, vec, "
@@ -246,7 +246,7 @@ async def bench(backend: str, args) -> dict:
                 data = await load(store, vecs, args.conversations)
                 loaded = time.perf_counter() - t
                 t = time.perf_counter()
-                async with store._engines.write.begin() as conn:
+                async with store.engines.write.begin() as conn:
                     if backend == "postgresql" and data["pg"]:
                         await conn.execute(text("SET LOCAL maintenance_work_mem = '1GB'"))
                         await run(conn, _vectors.index_sql(data["pg"], MODEL, args.dim))

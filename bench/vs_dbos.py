@@ -177,7 +177,7 @@ async def run_backend(backend: str, rounds: int, n1: int, n64: int, dbos64: int)
     async with steward_url() as url, dbos_urls(backend) as dbos:
         store = TimedStore(create_engines(url))
         try:
-            await migrate(store._engines)
+            await migrate(store.engines)
             await bench_sandwich(store, KIND_SAFE, WARMUP, 1)  # warm up, the pools too
             await bench_sandwich(store, KIND_SAFE, 2 * CONCURRENCY, CONCURRENCY)
             runs: dict[str, list[dict]] = {label: [] for label in (*dbos, "steward")}

@@ -97,7 +97,7 @@ async def worker(url: str, index: int, concurrency: int, poll: float) -> None:
                         RunnerOptions(concurrency=concurrency, poll_seconds=poll))
         await runner.recover(steal_all=False)  # others share the store
         # Open the connections a run would otherwise open on its first steps.
-        pool = await store._engines.pool()
+        pool = await store.engines.pool()
         conns = [await pool.acquire() for _ in range(POOL_WARM)]
         for conn in conns:
             await pool.release(conn)

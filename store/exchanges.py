@@ -32,7 +32,7 @@ disjoint and in one order.
 import re
 from typing import NamedTuple
 
-from store.plain import run
+from store.read.plain import run
 
 __all__ = ["rerank"]
 

@@ -27,7 +27,7 @@ builds); without it the index's idf stays.
 import math
 from dataclasses import dataclass
 
-from store.plain import run
+from store.read.plain import run
 
 __all__ = ["LENGTH_B", "Totals", "index_idf", "relevance", "scoped", "totals"]
 

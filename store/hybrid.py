@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 
 from store import exchanges as _exchanges
-from store import reads as _reads
 from store import search as _search
 from store import vectors as _vectors
+from store.read import queries as _reads
 from store.records import storable
 
 __all__ = ["Fusion", "find"]

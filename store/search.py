@@ -89,8 +89,8 @@ import weakref
 from dataclasses import dataclass
 
 from store import fts_relevance
-from store.plain import run
-from store.reads import ENTRY as ENTRY_COLUMNS
+from store.read.plain import run
+from store.read.queries import ENTRY as ENTRY_COLUMNS
 from store.records import Entry, entry_from_row
 
 __all__ = ["STOP_WORDS", "Hit", "Term", "explain", "hits_for", "parse_query", "query_terms",

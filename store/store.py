@@ -96,7 +96,6 @@ class Store:
         if isinstance(backend, Engines):
             backend = backend_for(backend)
         self._backend = backend
-        self._engines = backend.engines  # kept for callers outside the store (bot/memory)
         self.dialect = backend.dialect
         self.upgrade: Upgrade | None = None  # what `open_store` migrated, if anything
         self._writer = backend.engines.writer  # SQLite: every write transaction

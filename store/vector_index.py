@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 from store.durable import fsync_path
-from store.plain import run
+from store.read.plain import run
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,6 @@ class _Index:
         self.lock = threading.Lock()
         self.base = None  # the mapped usearch index, or None
         self.path: Path | None = None  # its file
-        self.base_mark = 0  # rowid the file covers up to
         self.mark = 0  # rowid read up to (file + tail)
         self.tail_ids: list = []
         self.tail_vecs: list = []
@@ -181,13 +180,13 @@ class _Index:
             if base is None or base.ndim != self.dim:
                 self._set_aside(path, "verifies, but usearch cannot open it", True)
                 continue
-            self.base, self.path, self.base_mark, self.mark = base, path, mark, mark
+            self.base, self.path, self.mark = base, path, mark
             return
 
     def _forget(self) -> None:
         """No file: every vector is read again from the table, from the first rowid."""
         with self.lock:
-            self.base, self.path, self.base_mark, self.mark = None, None, 0, 0
+            self.base, self.path, self.mark = None, None, 0
             self.tail_ids, self.tail_vecs, self.tail_len = [], [], 0
 
     def _new(self):
@@ -245,7 +244,7 @@ class _Index:
         fsync_path(self.directory)
         base = Index.restore(str(final), view=True)
         with self.lock:
-            self.base, self.base_mark, self.mark, self.path = base, last, last, final
+            self.base, self.mark, self.path = base, last, final
             self.tail_ids, self.tail_vecs, self.tail_len = [], [], 0
         for path in self.directory.glob(f"{self.name}.*.usearch"):
             if path != final and int(path.name.split(".")[1]) <= last:

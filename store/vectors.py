@@ -33,7 +33,8 @@ import time
 from array import array
 from dataclasses import dataclass
 
-from store.plain import run
+from store.read.plain import run
+from store.search import SEARCHABLE_KINDS as _KINDS  # what the index holds
 
 __all__ = ["VECTOR_WINDOW", "Near", "embeddable_text", "ensure_pg_index", "explain", "index_sql",
            "missing", "nearest", "pack", "put", "unpack"]
@@ -41,7 +42,6 @@ __all__ = ["VECTOR_WINDOW", "Near", "embeddable_text", "ensure_pg_index", "expla
 VECTOR_WINDOW = 20_000  # a scope up to this many embedded entries is searched exactly
 MAX_CHARS = 4000  # of an entry's text sent to the embedding model
 CHUNK = 4096  # rows of vectors read and compared at a time by the exact search
-_KINDS = ("user", "assistant", "tool_result", "compaction")  # store.search.SEARCHABLE_KINDS
 
 
 def pack(vector: list[float]) -> bytes:
