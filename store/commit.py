@@ -2,16 +2,17 @@
 all of it lands or none of it does.
 
 Order matters: submissions first (a duplicate aborts the step before anything is written),
-then entries (so documents can be tied to the positions they produce), tasks, documents,
-usage, then the task update, which wakes a waiting parent when a child settles, and last
-the wakes of sleeping tasks.
+then entries (so documents can be tied to the positions they produce), tasks and usage,
+all four the very statements of `store/steps.py`'s plan (stated once, in
+store/step_sql.py); then documents and schedules, the task update, which wakes a waiting
+parent when a child settles, withdrawals, and last the wakes of sleeping tasks.
 """
 
-from sqlalchemy import and_, bindparam, exists, insert, not_, or_, select, update
+from sqlalchemy import and_, bindparam, exists, not_, or_, select, update
 
 from store import schedules as _schedules
 from store.documents import versions
-from store.errors import LeaseLost, StoreError
+from store.errors import LeaseLost
 from store.records import (
     FAILED,
     PENDING,
@@ -22,15 +23,11 @@ from store.records import (
     dumps,
     now,
 )
-from store.schema import conversations, entries, submissions, tasks, usage
-from store.sql import insert_ignore
+from store.schema import conversations, tasks
+from store.steps import DuplicateSubmission, inserts, on_connection
 from store.writes import TaskUpdate, Writes
 
-
-class DuplicateSubmission(StoreError):
-    """Raised inside the transaction to roll the whole step back: the step (an inbound
-    message, a schedule's occurrence) was already applied once. (`Store.commit` answers
-    it as `CommitResult(duplicate=True)`; a connection it ends on is fine.)"""
+__all__ = ["DuplicateSubmission", "apply"]  # the first: where callers have always found it
 
 
 async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
@@ -38,24 +35,7 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     in this same order."""
     result = CommitResult()
     t = now()
-    await _submissions(conn, dialect, writes, t)
-    last_seq = await _entries(conn, writes, t, result)
-
-    for nt in writes.tasks:
-        # Due from its creation at the earliest: claims take due work oldest-due first, so
-        # a retry that came due earlier is not overtaken by every task made after it.
-        values = dict(
-            id=nt.id, kind=nt.kind, parent_id=nt.parent_id, conversation_id=nt.conversation_id,
-            state=PENDING, phase="", inputs=dumps(nt.inputs), idem_key=nt.idem_key,
-            dedupe_key=nt.dedupe_key, attempts=0, run_after=max(nt.run_after, t),
-            created_at=t, updated_at=t)
-        if nt.dedupe_key is None:
-            await conn.execute(_INSERT_TASK, values)
-            result.task_ids.append(nt.id)
-            continue
-        await conn.execute(insert_ignore(dialect, tasks, "dedupe_key").values(**values))
-        result.task_ids.append((await conn.execute(
-            select(tasks.c.id).where(tasks.c.dedupe_key == nt.dedupe_key))).scalar_one())
+    last_seq = await on_connection(conn, dialect, inserts(writes, t, result))
 
     task_id = writes.task_update.task_id if writes.task_update else None
     for d in writes.documents:
@@ -67,14 +47,6 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
                     conversations.c.id == d.conversation_id))).scalar_one()
         result.document_versions[(d.namespace, d.name)] = await versions.write(
             conn, dialect, d, at_seq=at_seq, task_id=task_id)
-
-    for u in writes.usage:
-        await conn.execute(insert(usage).values(
-            task_id=u.task_id or task_id, conversation_id=u.conversation_id,
-            provider=u.provider, model=u.model, input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens, cache_read_tokens=u.cache_read_tokens,
-            cache_write_tokens=u.cache_write_tokens, cost_usd=u.cost_usd, ok=u.ok,
-            error=u.error, created_at=t))
 
     for sw in writes.schedules:
         await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
@@ -90,73 +62,6 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
         await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)
                            .values(run_after=0.0, updated_at=t))
     return result
-
-
-async def _submissions(conn, dialect: str, writes: Writes, t: float) -> None:
-    """One statement for all of them; any row the unique key ignored is a duplicate."""
-    rows = [dict(channel=sub.channel, external_id=external_id,
-                 conversation_id=sub.conversation_id, task_id=sub.task_id,
-                 state="quarantined" if sub.quarantine_reason else "accepted",
-                 reason=sub.quarantine_reason,
-                 payload=None if sub.payload is None else dumps(sub.payload), created_at=t)
-            for sub in writes.submissions for external_id in sub.external_ids]
-    if not rows:
-        return
-    stmt = insert_ignore(dialect, submissions, "channel", "external_id")
-    if len(rows) == 1:  # the common live case: a plain statement, no executemany
-        stmt = stmt.values(**rows[0])
-        rows = None
-    inserted = (await conn.execute(stmt.returning(submissions.c.id), rows)).all()
-    if len(inserted) < (1 if rows is None else len(rows)):
-        seen = (1 if rows is None else len(rows)) - len(inserted)
-        raise DuplicateSubmission(f"{seen} of {writes.submissions[0].channel}'s ids seen before")
-
-
-def reservations(new_entries) -> tuple[dict[int, int], dict[int, int]]:
-    """How many positions each conversation takes, and the offset among them of its last
-    head marker (for the conversations that get one)."""
-    counts: dict[int, int] = {}
-    heads: dict[int, int] = {}
-    for e in new_entries:
-        n = counts.get(e.conversation_id, 0)
-        if e.head:
-            heads[e.conversation_id] = n
-        counts[e.conversation_id] = n + 1
-    return counts, heads
-
-
-async def _entries(conn, writes: Writes, t: float, result: CommitResult) -> dict[int, int]:
-    """Reserve each conversation's sequence numbers with one update (the conversation row
-    is its sequence, and its lock on PostgreSQL), then insert every entry in one statement,
-    in the order given. Returns each conversation's last sequence number."""
-    if not writes.entries:
-        return {}
-    counts, heads = reservations(writes.entries)
-    last_seq: dict[int, int] = {}
-    for conversation_id in sorted(counts):  # one lock order for every writer
-        n = counts[conversation_id]
-        moved = dict(last_seq=conversations.c.last_seq + n, updated_at=t)
-        if conversation_id in heads:
-            moved["head_seq"] = conversations.c.last_seq + 1 + heads[conversation_id]
-        last_seq[conversation_id] = (await conn.execute(
-            update(conversations).where(conversations.c.id == conversation_id)
-            .values(**moved).returning(conversations.c.last_seq)
-        )).scalar_one()
-    next_seq = {c: last_seq[c] - counts[c] + 1 for c in counts}
-    rows = []
-    for e in writes.entries:
-        seq = next_seq[e.conversation_id]
-        next_seq[e.conversation_id] = seq + 1
-        rows.append(dict(
-            conversation_id=e.conversation_id, seq=seq, kind=e.kind, author=e.author,
-            text=e.text, data=None if e.data is None else dumps(e.data), ref=e.ref,
-            task_id=e.task_id, created_at=t if e.created_at is None else e.created_at))
-        result.entry_seqs.append(seq)
-    if len(rows) == 1:
-        await conn.execute(insert(entries).values(**rows[0]))
-    else:
-        await conn.execute(insert(entries), rows)
-    return last_seq
 
 
 async def _update_task(conn, u: TaskUpdate, t: float) -> None:
@@ -220,9 +125,8 @@ def _wake_statement():
             .values(state=PENDING, run_after=0.0, updated_at=bindparam("at")))
 
 
-# Built once: making them anew cost more than running them (an alias, two EXISTS).
+# Built once: making it anew cost more than running it (an alias, two EXISTS).
 _WAKE = _wake_statement()
-_INSERT_TASK = insert(tasks)
 
 
 async def wake_if_ready(conn, task_id: str, t: float) -> None:

@@ -8,15 +8,23 @@ The statements are stated once (store/step_sql.py, store/hotpath.py). On SQLite 
 is a generator that yields each statement and is sent back what it returned, run by
 `on_sqlite` on the writer thread's connection. On PostgreSQL the same statements, in the
 same order, are one call of `steward_step`, generated from them
-(store/postgres/step_function.py). Anything else a step may hold (documents, schedules,
-withdrawals) goes through `store/commit.py`, which does the same in the same order.
+(store/postgres/step_function.py). A step that holds more (documents, schedules,
+withdrawals) goes through `store/commit.py`, whose inserts are this plan's own (`inserts`,
+run on its SQLAlchemy connection by `on_connection`): a column is added in one place.
 """
 
 from collections.abc import Generator
+from functools import lru_cache
 
-from store.commit import DuplicateSubmission, reservations
-from store.errors import LeaseLost
-from store.hotpath import UPDATE_KNOWN_PARENT, UPDATE_SQL, WAKE_SQLITE, json_text, update_params
+from store.errors import LeaseLost, StoreError
+from store.hotpath import (
+    UPDATE_KNOWN_PARENT,
+    UPDATE_SQL,
+    WAKE_SQLITE,
+    json_text,
+    pg,
+    update_params,
+)
 from store.records import PENDING, TERMINAL, WAITING, CommitResult
 from store.schema import storable
 from store.step_sql import (
@@ -27,6 +35,7 @@ from store.step_sql import (
     USAGE,
     WAKE_IF_SETTLED,
     WAKE_SLEEPERS,
+    bind,
 )
 from store.writes import TaskUpdate, Writes
 
@@ -48,6 +57,25 @@ _WAKE_SLEEPER = WAKE_SLEEPERS.format(ids="= ?1")
 # row or None; ("value", sql, args) its first column; ("count", sql, args) the rows
 # changed; ("run", sql, args) nothing.
 Op = tuple[str, str, object]
+
+
+class DuplicateSubmission(StoreError):
+    """Raised inside the transaction to roll the whole step back: the step (an inbound
+    message, a schedule's occurrence) was already applied once. (`Store.commit` answers
+    it as `CommitResult(duplicate=True)`; a connection it ends on is fine.)"""
+
+
+def reservations(new_entries) -> tuple[dict[int, int], dict[int, int]]:
+    """How many positions each conversation takes, and the offset among them of its last
+    head marker (for the conversations that get one)."""
+    counts: dict[int, int] = {}
+    heads: dict[int, int] = {}
+    for e in new_entries:
+        n = counts.get(e.conversation_id, 0)
+        if e.head:
+            heads[e.conversation_id] = n
+        counts[e.conversation_id] = n + 1
+    return counts, heads
 
 
 def fits(writes: Writes) -> bool:
@@ -102,11 +130,26 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
     """The statements of a step that `fits`, in `commit.apply`'s order. `parent`: of the
     updated task, if known (None: it has none), "?" if not."""
     result = CommitResult()
+    yield from inserts(writes, t, result)
+    if (u := writes.task_update) is not None:
+        yield from _update(u, t, parent, wakes_self(u, writes))
+    for sleeper in writes.wakes:  # after our own row, as in commit.apply
+        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
+    return result
+
+
+def inserts(writes: Writes, t: float, result: CommitResult) -> Generator[Op, object,
+                                                                          dict[int, int]]:
+    """What every step inserts, whichever path writes it: its submissions (a duplicate
+    undoes the step before anything else is written), the positions its entries take and
+    the entries, its new tasks, its usage. Fills `result`'s entry positions and task ids;
+    returns each conversation's last position."""
     seen = 0
     for row in submission_rows(writes):  # each external id once, ever
         seen += (yield ("row", _SUBMISSION, (*row, t))) is None
     if seen:  # one seen before undoes the whole step
         raise _duplicates(writes, seen)
+    last_seq: dict[int, int] = {}
     if writes.entries:
         counts, heads = reservations(writes.entries)
         next_seq: dict[int, int] = {}
@@ -115,6 +158,7 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
             last = yield ("value", SEQ, (conversation_id, n, t, heads.get(conversation_id)))
             if last is None:  # as SQLAlchemy's scalar_one() would have it
                 raise LookupError(f"no conversation id {conversation_id}")
+            last_seq[conversation_id] = last
             next_seq[conversation_id] = last - n + 1
         rows = []
         for conversation_id, *rest in entry_rows(writes, t):
@@ -124,6 +168,9 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
             result.entry_seqs.append(seq)
         yield ("many", _ENTRY, rows)
     if writes.tasks:
+        # Each due from its creation at the earliest (`step_sql.TASKS`' run_after): claims
+        # take due work oldest-due first, so a retry that came due earlier is not overtaken
+        # by every task made after it.
         rows = task_rows(writes, t)
         if all(row[-1] is None for row in rows):
             yield ("many", _TASK, [(*row[:-1], t) for row in rows])
@@ -138,11 +185,7 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
                     result.task_ids.append((yield ("value", _DEDUPED, (row[-1],))))
     if writes.usage:
         yield ("many", _USAGE, [(*row, t) for row in usage_rows(writes)])
-    if (u := writes.task_update) is not None:
-        yield from _update(u, t, parent, wakes_self(u, writes))
-    for sleeper in writes.wakes:  # after our own row, as in commit.apply
-        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
-    return result
+    return last_seq
 
 
 def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
@@ -181,5 +224,35 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
                     answer = cur.fetchone()
                     if kind == "value" and answer is not None:
                         answer = answer[0]
+    except StopIteration as done:
+        return done.value
+
+
+# asyncpg prepares each statement alone, where a parameter only ever tested for NULL has
+# no type (in `steward_step` it is a typed argument): SEQ's head offset is cast.
+_PG = {SEQ: bind(SEQ, ["$1", "$2", "$3", "CAST($4 AS bigint)"])}
+
+
+@lru_cache(maxsize=32)
+def _pg(sql: str) -> str:
+    return pg(sql)
+
+
+async def on_connection(conn, dialect: str, steps: Generator[Op, object, object]):
+    """Run a plan's statements on a SQLAlchemy connection (`store/commit.py`'s), in its
+    transaction: the text as it is on SQLite, numbered for asyncpg on PostgreSQL."""
+    answer = None
+    try:
+        while True:
+            kind, sql, args = steps.send(answer)
+            cur = await conn.exec_driver_sql(_PG.get(sql) or _pg(sql)
+                                             if dialect == "postgresql" else sql, args)
+            answer = None
+            if kind == "count":
+                answer = cur.rowcount
+            elif kind in ("row", "value"):
+                answer = cur.first()
+                if kind == "value" and answer is not None:
+                    answer = answer[0]
     except StopIteration as done:
         return done.value
