@@ -8,24 +8,21 @@ store/step_sql.py); then documents and schedules, the task update, which wakes a
 parent when a child settles, withdrawals, and last the wakes of sleeping tasks.
 """
 
-from sqlalchemy import and_, bindparam, exists, not_, or_, select, update
+from sqlalchemy import select, update
 
 from store import schedules as _schedules
 from store.documents import versions
-from store.errors import LeaseLost
-from store.records import (
-    FAILED,
-    PENDING,
-    RUNNING,
-    TERMINAL,
-    WAITING,
-    CommitResult,
-    dumps,
-    now,
-)
+from store.records import PENDING, CommitResult, dumps, now
 from store.schema import conversations, tasks
-from store.steps import DuplicateSubmission, inserts, on_connection
-from store.writes import TaskUpdate, Writes
+from store.steps import (
+    DuplicateSubmission,
+    inserts,
+    on_connection,
+    settle,
+    wake_parent,
+    wake_sleepers,
+)
+from store.writes import Writes
 
 __all__ = ["DuplicateSubmission", "apply"]  # the first: where callers have always found it
 
@@ -51,57 +48,15 @@ async def apply(conn, dialect: str, writes: Writes) -> CommitResult:
     for sw in writes.schedules:
         await _schedules.apply(conn, dialect, sw, t, DuplicateSubmission)
 
+    locks = dialect == "postgresql"  # other writers: rows locked before the checks
     if writes.task_update is not None:
-        await _update_task(conn, writes.task_update, t)
+        await on_connection(conn, dialect, settle(writes, t, locks))
 
     if writes.withdrawals:
-        await _withdraw_tasks(conn, writes, t)
+        await _withdraw_tasks(conn, dialect, writes, t)
 
-    # After our own row: a sleeper locks that row before its own (see `_update_task`).
-    for task_id in writes.wakes:
-        await conn.execute(update(tasks).where(tasks.c.id == task_id, tasks.c.state == PENDING)
-                           .values(run_after=0.0, updated_at=t))
+    await on_connection(conn, dialect, wake_sleepers(writes, t))
     return result
-
-
-async def _update_task(conn, u: TaskUpdate, t: float) -> None:
-    keep_lease = u.state == RUNNING
-    values = dict(
-        state=u.state, phase=u.phase,
-        checkpoint=None if u.checkpoint is None else dumps(u.checkpoint),
-        result=None if u.result is None else dumps(u.result), error=u.error,
-        failure=u.failure, wait_mode=u.wait_mode, run_after=u.run_after, updated_at=t)
-    if not keep_lease:
-        values.update(lease_owner=None, lease_expires=None)
-    if u.attempts is not None:
-        values["attempts"] = u.attempts
-    if u.progressed:
-        values.update(crashes=0, crashed_since=None)
-    if u.inputs is not None:
-        values["inputs"] = dumps(u.inputs)
-    if u.state == PENDING and u.wake_if_settled:
-        # Before our own row, the same order a settling task takes (its row, then ours):
-        # the check below then sees it settled, or its wake finds us pending.
-        await _lock_rows(conn, u.wake_if_settled, share=True)
-    # Fenced: only the worker holding the lease may move the task on.
-    row = (await conn.execute(
-        update(tasks).where(tasks.c.id == u.task_id, tasks.c.lease_owner == u.owner,
-                            tasks.c.state == RUNNING)
-        .values(**values).returning(tasks.c.parent_id)
-    )).first()
-    if row is None:
-        raise LeaseLost(u.task_id, u.owner)
-    if u.state == PENDING and u.wake_if_settled:
-        other = tasks.alias("other")
-        settled = exists().where(other.c.id.in_(u.wake_if_settled),
-                                 other.c.state.in_(list(TERMINAL)))
-        await conn.execute(update(tasks).where(tasks.c.id == u.task_id, settled)
-                           .values(run_after=0.0))
-    if u.state == WAITING:
-        await wake_if_ready(conn, u.task_id, t)
-    elif u.state in TERMINAL and row.parent_id is not None:
-        await _lock_rows(conn, [row.parent_id])
-        await wake_if_ready(conn, row.parent_id, t)
 
 
 async def _lock_rows(conn, task_ids: list[str], share: bool = False) -> None:
@@ -114,31 +69,10 @@ async def _lock_rows(conn, task_ids: list[str], share: bool = False) -> None:
                            .order_by(tasks.c.id).with_for_update(read=share))
 
 
-def _wake_statement():
-    child = tasks.alias("child")
-    unsettled = exists().where(child.c.parent_id == tasks.c.id,
-                               child.c.state.not_in(list(TERMINAL)))
-    failed_child = exists().where(child.c.parent_id == tasks.c.id, child.c.state == FAILED)
-    fail_fast = and_(tasks.c.wait_mode == "fail_fast", failed_child)
-    return (update(tasks).where(tasks.c.id == bindparam("waiting"), tasks.c.state == WAITING,
-                                or_(not_(unsettled), fail_fast))
-            .values(state=PENDING, run_after=0.0, updated_at=bindparam("at")))
-
-
-# Built once: making it anew cost more than running it (an alias, two EXISTS).
-_WAKE = _wake_statement()
-
-
-async def wake_if_ready(conn, task_id: str, t: float) -> None:
-    """Move a waiting task back to pending when its wait is over: every child settled
-    (mode `all`), or any child failed (mode `fail_fast`)."""
-    await conn.execute(_WAKE, {"waiting": task_id, "at": t})
-
-
 # -- withdrawals: tasks finished before they ever ran (e.g. a deleted question) ------------
 
 
-async def _withdraw_tasks(conn, writes: Writes, t: float) -> None:
+async def _withdraw_tasks(conn, dialect: str, writes: Writes, t: float) -> None:
     """Each withdrawn task moves from pending (in its phase) to done, without running, and
     only while it and its `unstarted` tasks are all still pending in that phase; otherwise
     the whole step is dropped. On PostgreSQL their rows are locked first (in id order, like
@@ -160,5 +94,5 @@ async def _withdraw_tasks(conn, writes: Writes, t: float) -> None:
                     lease_owner=None, lease_expires=None, updated_at=t)
             .returning(tasks.c.parent_id))).one()
         if row.parent_id is not None:
-            await _lock_rows(conn, [row.parent_id])
-            await wake_if_ready(conn, row.parent_id, t)
+            await on_connection(conn, dialect, wake_parent(row.parent_id, t,
+                                                          dialect == "postgresql"))

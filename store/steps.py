@@ -20,7 +20,7 @@ from store.errors import LeaseLost, StoreError
 from store.hotpath import (
     UPDATE_KNOWN_PARENT,
     UPDATE_SQL,
-    WAKE_SQLITE,
+    WAKE_WAITING,
     json_text,
     pg,
     update_params,
@@ -52,6 +52,11 @@ _DEDUPED = "SELECT id FROM tasks WHERE dedupe_key = ?1"
 _WAKE_IF_SETTLED = WAKE_IF_SETTLED.format(those="IN (SELECT value FROM json_each(?2))")
 _USAGE = USAGE.sqlite()
 _WAKE_SLEEPER = WAKE_SLEEPERS.format(ids="= ?1")
+# With several writers (PostgreSQL: `commit.apply` there) a check that reads other tasks'
+# states first locks their rows, as `steward_step` does: see `_update`.
+_SHARE_TASKS = "SELECT 1 FROM tasks WHERE id = ANY(?1) ORDER BY id FOR SHARE"
+_LOCK_TASK = "SELECT 1 FROM tasks WHERE id = ?1 FOR UPDATE"
+_WAKE_IF_SETTLED_PG = WAKE_IF_SETTLED.format(those="= ANY(?2)")
 
 # What each yields: ("many", sql, rows) runs it for every row; ("row", sql, args) the first
 # row or None; ("value", sql, args) its first column; ("count", sql, args) the rows
@@ -133,9 +138,30 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
     yield from inserts(writes, t, result)
     if (u := writes.task_update) is not None:
         yield from _update(u, t, parent, wakes_self(u, writes))
-    for sleeper in writes.wakes:  # after our own row, as in commit.apply
-        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
+    yield from wake_sleepers(writes, t)
     return result
+
+
+def settle(writes: Writes, t: float, locks: bool) -> Generator[Op, object, None]:
+    """The task update of a step that does not `fit` and the wake it owes, as `plan`
+    makes them; `locks`: there are other writers (PostgreSQL), so rows are locked first."""
+    u = writes.task_update
+    yield from _update(u, t, "?", wakes_self(u, writes), locks)
+
+
+def wake_sleepers(writes: Writes, t: float) -> Generator[Op, object, None]:
+    """Sleepers woken early, after the step's own row (a sleeper locks that row first)."""
+    for sleeper in writes.wakes:
+        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
+
+
+def wake_parent(parent: str, t: float, locks: bool) -> Generator[Op, object, None]:
+    """The wake a settling child owes its parent: pending again if its wait is over. With
+    other writers the parent is locked first: two children settling together would each
+    see the other running, and neither wake it."""
+    if locks:
+        yield ("run", _LOCK_TASK, (parent,))
+    yield ("run", WAKE_WAITING, (parent, t))
 
 
 def inserts(writes: Writes, t: float, result: CommitResult) -> Generator[Op, object,
@@ -188,9 +214,16 @@ def inserts(writes: Writes, t: float, result: CommitResult) -> Generator[Op, obj
     return last_seq
 
 
-def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
+def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool,
+            locks: bool = False):
     """The fenced update of a task, then the wake it owes: its own (a wait whose children
-    all settled already) or its parent's (the last child to settle)."""
+    all settled already) or its parent's (the last child to settle). With `locks` (other
+    writers), a sleeper that waits for other tasks locks them before its own row, the
+    order a settling task takes (its row, then ours): its check then sees one settled, or
+    that task's wake finds it pending."""
+    waits_for = list(u.wake_if_settled) if u.state == PENDING and u.wake_if_settled else None
+    if waits_for and locks:
+        yield ("run", _SHARE_TASKS, (waits_for,))
     params = update_params(u, t)
     if parent == "?" and u.state in TERMINAL:
         row = yield ("row", UPDATE_SQL, params)
@@ -199,12 +232,14 @@ def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
         parent = row[0]
     elif (yield ("count", UPDATE_KNOWN_PARENT, params)) != 1:
         raise LeaseLost(u.task_id, u.owner)
-    if u.state == PENDING and u.wake_if_settled:  # one writer: no lock needed first
-        yield ("run", _WAKE_IF_SETTLED, (u.task_id, json_text(list(u.wake_if_settled))))
+    if waits_for and locks:
+        yield ("run", _WAKE_IF_SETTLED_PG, (u.task_id, waits_for))
+    elif waits_for:  # one writer: no lock needed first
+        yield ("run", _WAKE_IF_SETTLED, (u.task_id, json_text(waits_for)))
     if wake_self:
-        yield ("run", WAKE_SQLITE, (u.task_id, t))
+        yield ("run", WAKE_WAITING, (u.task_id, t))
     elif u.state in TERMINAL and parent is not None:
-        yield ("run", WAKE_SQLITE, (parent, t))  # one writer: no lock needed
+        yield from wake_parent(parent, t, locks)
 
 
 def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:

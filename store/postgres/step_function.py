@@ -120,7 +120,7 @@ def _body() -> str:
     usage = _unnest(USAGE)
     seq = bind(SEQ, ["r_conv[i]", "r_count[i]", "p_now", "r_head[i]"]) + " INTO last"
     update = bind(hotpath.UPDATE_SQL.strip(), _UPDATE_BIND) + " INTO par"
-    wake = " ".join(hotpath.WAKE_SQLITE.split())
+    wake = " ".join(hotpath.WAKE_WAITING.split())
 
     def wake_of(who: str) -> str:
         return bind(wake, [who, "p_now"]) + ";"
