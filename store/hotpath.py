@@ -130,8 +130,9 @@ claimed AS (
 SELECT (SELECT count(*) FROM finished) AS finished, claimed.*
 FROM (SELECT 1) AS one LEFT JOIN claimed ON true"""
 
-# `commit.wake_if_ready` for SQLite: ?1 the waiting task, ?2 now.
-WAKE_SQLITE = f"""
+# A waiting task pending again when its wait is over (every child settled, or one failed
+# under fail_fast): ?1 the waiting task, ?2 now. Every path runs it (store/steps.py).
+WAKE_WAITING = f"""
 UPDATE tasks SET state = '{PENDING}', run_after = 0.0, updated_at = ?2
 WHERE id = ?1 AND state = '{WAITING}' AND (
     NOT EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = ?1 AND c.state NOT IN ({_TERMINAL}))
@@ -235,7 +236,7 @@ BLOCK_ASYNCPG = pg(BLOCK_SQL)
 def pg_fits(u: TaskUpdate, parent_known_none: bool) -> bool:
     """Whether the update is the whole transaction on PostgreSQL: no wait to check, and no
     parent to wake (a settling child locks its parent first, in a transaction of its own:
-    `commit._update_task`)."""
+    `steps.wake_parent`)."""
     if u.state == WAITING:
         return False
     return u.state not in TERMINAL or parent_known_none

@@ -2,8 +2,10 @@
 their PostgreSQL types and where each value comes from) and the statements that move
 tasks on. Both backends run what is rendered from here: SQLite the statements as text
 (`store/steps.py` `plan`), PostgreSQL the server-side `steward_step`
-(`store/postgres/step_function.py`), whose arguments `steps.call_args` builds from the same
-columns. Adding a column to a step is one `Col` here, plus the migration that adds it and
+(`store/postgres/step_function.py`), whose arguments `step_function.call_args` builds
+from the same columns; and the general commit (`store/commit.py`) runs SQLite's text on
+either database.
+Adding a column to a step is one `Col` here, plus the migration that adds it and
 recreates the function (tests/test_store_step_function.py says when one is missing).
 """
 

@@ -8,15 +8,23 @@ The statements are stated once (store/step_sql.py, store/hotpath.py). On SQLite 
 is a generator that yields each statement and is sent back what it returned, run by
 `on_sqlite` on the writer thread's connection. On PostgreSQL the same statements, in the
 same order, are one call of `steward_step`, generated from them
-(store/postgres/step_function.py). Anything else a step may hold (documents, schedules,
-withdrawals) goes through `store/commit.py`, which does the same in the same order.
+(store/postgres/step_function.py). A step that holds more (documents, schedules,
+withdrawals) goes through `store/commit.py`, whose inserts are this plan's own (`inserts`,
+run on its SQLAlchemy connection by `on_connection`): a column is added in one place.
 """
 
 from collections.abc import Generator
+from functools import lru_cache
 
-from store.commit import DuplicateSubmission, reservations
-from store.errors import LeaseLost
-from store.hotpath import UPDATE_KNOWN_PARENT, UPDATE_SQL, WAKE_SQLITE, json_text, update_params
+from store.errors import LeaseLost, StoreError
+from store.hotpath import (
+    UPDATE_KNOWN_PARENT,
+    UPDATE_SQL,
+    WAKE_WAITING,
+    json_text,
+    pg,
+    update_params,
+)
 from store.records import PENDING, TERMINAL, WAITING, CommitResult
 from store.schema import storable
 from store.step_sql import (
@@ -27,6 +35,7 @@ from store.step_sql import (
     USAGE,
     WAKE_IF_SETTLED,
     WAKE_SLEEPERS,
+    bind,
 )
 from store.writes import TaskUpdate, Writes
 
@@ -43,11 +52,35 @@ _DEDUPED = "SELECT id FROM tasks WHERE dedupe_key = ?1"
 _WAKE_IF_SETTLED = WAKE_IF_SETTLED.format(those="IN (SELECT value FROM json_each(?2))")
 _USAGE = USAGE.sqlite()
 _WAKE_SLEEPER = WAKE_SLEEPERS.format(ids="= ?1")
+# With several writers (PostgreSQL: `commit.apply` there) a check that reads other tasks'
+# states first locks their rows, as `steward_step` does: see `_update`.
+_SHARE_TASKS = "SELECT 1 FROM tasks WHERE id = ANY(?1) ORDER BY id FOR SHARE"
+_LOCK_TASK = "SELECT 1 FROM tasks WHERE id = ?1 FOR UPDATE"
+_WAKE_IF_SETTLED_PG = WAKE_IF_SETTLED.format(those="= ANY(?2)")
 
 # What each yields: ("many", sql, rows) runs it for every row; ("row", sql, args) the first
 # row or None; ("value", sql, args) its first column; ("count", sql, args) the rows
 # changed; ("run", sql, args) nothing.
 Op = tuple[str, str, object]
+
+
+class DuplicateSubmission(StoreError):
+    """Raised inside the transaction to roll the whole step back: the step (an inbound
+    message, a schedule's occurrence) was already applied once. (`Store.commit` answers
+    it as `CommitResult(duplicate=True)`; a connection it ends on is fine.)"""
+
+
+def reservations(new_entries) -> tuple[dict[int, int], dict[int, int]]:
+    """How many positions each conversation takes, and the offset among them of its last
+    head marker (for the conversations that get one)."""
+    counts: dict[int, int] = {}
+    heads: dict[int, int] = {}
+    for e in new_entries:
+        n = counts.get(e.conversation_id, 0)
+        if e.head:
+            heads[e.conversation_id] = n
+        counts[e.conversation_id] = n + 1
+    return counts, heads
 
 
 def fits(writes: Writes) -> bool:
@@ -102,11 +135,47 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
     """The statements of a step that `fits`, in `commit.apply`'s order. `parent`: of the
     updated task, if known (None: it has none), "?" if not."""
     result = CommitResult()
+    yield from inserts(writes, t, result)
+    if (u := writes.task_update) is not None:
+        yield from _update(u, t, parent, wakes_self(u, writes))
+    yield from wake_sleepers(writes, t)
+    return result
+
+
+def settle(writes: Writes, t: float, locks: bool) -> Generator[Op, object, None]:
+    """The task update of a step that does not `fit` and the wake it owes, as `plan`
+    makes them; `locks`: there are other writers (PostgreSQL), so rows are locked first."""
+    u = writes.task_update
+    yield from _update(u, t, "?", wakes_self(u, writes), locks)
+
+
+def wake_sleepers(writes: Writes, t: float) -> Generator[Op, object, None]:
+    """Sleepers woken early, after the step's own row (a sleeper locks that row first)."""
+    for sleeper in writes.wakes:
+        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
+
+
+def wake_parent(parent: str, t: float, locks: bool) -> Generator[Op, object, None]:
+    """The wake a settling child owes its parent: pending again if its wait is over. With
+    other writers the parent is locked first: two children settling together would each
+    see the other running, and neither wake it."""
+    if locks:
+        yield ("run", _LOCK_TASK, (parent,))
+    yield ("run", WAKE_WAITING, (parent, t))
+
+
+def inserts(writes: Writes, t: float, result: CommitResult) -> Generator[Op, object,
+                                                                          dict[int, int]]:
+    """What every step inserts, whichever path writes it: its submissions (a duplicate
+    undoes the step before anything else is written), the positions its entries take and
+    the entries, its new tasks, its usage. Fills `result`'s entry positions and task ids;
+    returns each conversation's last position."""
     seen = 0
     for row in submission_rows(writes):  # each external id once, ever
         seen += (yield ("row", _SUBMISSION, (*row, t))) is None
     if seen:  # one seen before undoes the whole step
         raise _duplicates(writes, seen)
+    last_seq: dict[int, int] = {}
     if writes.entries:
         counts, heads = reservations(writes.entries)
         next_seq: dict[int, int] = {}
@@ -115,6 +184,7 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
             last = yield ("value", SEQ, (conversation_id, n, t, heads.get(conversation_id)))
             if last is None:  # as SQLAlchemy's scalar_one() would have it
                 raise LookupError(f"no conversation id {conversation_id}")
+            last_seq[conversation_id] = last
             next_seq[conversation_id] = last - n + 1
         rows = []
         for conversation_id, *rest in entry_rows(writes, t):
@@ -124,6 +194,9 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
             result.entry_seqs.append(seq)
         yield ("many", _ENTRY, rows)
     if writes.tasks:
+        # Each due from its creation at the earliest (`step_sql.TASKS`' run_after): claims
+        # take due work oldest-due first, so a retry that came due earlier is not overtaken
+        # by every task made after it.
         rows = task_rows(writes, t)
         if all(row[-1] is None for row in rows):
             yield ("many", _TASK, [(*row[:-1], t) for row in rows])
@@ -138,16 +211,19 @@ def plan(writes: Writes, t: float, parent: str | None = "?") -> Generator[Op, ob
                     result.task_ids.append((yield ("value", _DEDUPED, (row[-1],))))
     if writes.usage:
         yield ("many", _USAGE, [(*row, t) for row in usage_rows(writes)])
-    if (u := writes.task_update) is not None:
-        yield from _update(u, t, parent, wakes_self(u, writes))
-    for sleeper in writes.wakes:  # after our own row, as in commit.apply
-        yield ("run", _WAKE_SLEEPER, (sleeper, t, PENDING))
-    return result
+    return last_seq
 
 
-def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
+def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool,
+            locks: bool = False):
     """The fenced update of a task, then the wake it owes: its own (a wait whose children
-    all settled already) or its parent's (the last child to settle)."""
+    all settled already) or its parent's (the last child to settle). With `locks` (other
+    writers), a sleeper that waits for other tasks locks them before its own row, the
+    order a settling task takes (its row, then ours): its check then sees one settled, or
+    that task's wake finds it pending."""
+    waits_for = list(u.wake_if_settled) if u.state == PENDING and u.wake_if_settled else None
+    if waits_for and locks:
+        yield ("run", _SHARE_TASKS, (waits_for,))
     params = update_params(u, t)
     if parent == "?" and u.state in TERMINAL:
         row = yield ("row", UPDATE_SQL, params)
@@ -156,12 +232,14 @@ def _update(u: TaskUpdate, t: float, parent: str | None, wake_self: bool):
         parent = row[0]
     elif (yield ("count", UPDATE_KNOWN_PARENT, params)) != 1:
         raise LeaseLost(u.task_id, u.owner)
-    if u.state == PENDING and u.wake_if_settled:  # one writer: no lock needed first
-        yield ("run", _WAKE_IF_SETTLED, (u.task_id, json_text(list(u.wake_if_settled))))
+    if waits_for and locks:
+        yield ("run", _WAKE_IF_SETTLED_PG, (u.task_id, waits_for))
+    elif waits_for:  # one writer: no lock needed first
+        yield ("run", _WAKE_IF_SETTLED, (u.task_id, json_text(waits_for)))
     if wake_self:
-        yield ("run", WAKE_SQLITE, (u.task_id, t))
+        yield ("run", WAKE_WAITING, (u.task_id, t))
     elif u.state in TERMINAL and parent is not None:
-        yield ("run", WAKE_SQLITE, (parent, t))  # one writer: no lock needed
+        yield from wake_parent(parent, t, locks)
 
 
 def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
@@ -181,5 +259,35 @@ def on_sqlite(raw, steps: Generator[Op, object, CommitResult]) -> CommitResult:
                     answer = cur.fetchone()
                     if kind == "value" and answer is not None:
                         answer = answer[0]
+    except StopIteration as done:
+        return done.value
+
+
+# asyncpg prepares each statement alone, where a parameter only ever tested for NULL has
+# no type (in `steward_step` it is a typed argument): SEQ's head offset is cast.
+_PG = {SEQ: bind(SEQ, ["$1", "$2", "$3", "CAST($4 AS bigint)"])}
+
+
+@lru_cache(maxsize=32)
+def _pg(sql: str) -> str:
+    return pg(sql)
+
+
+async def on_connection(conn, dialect: str, steps: Generator[Op, object, object]):
+    """Run a plan's statements on a SQLAlchemy connection (`store/commit.py`'s), in its
+    transaction: the text as it is on SQLite, numbered for asyncpg on PostgreSQL."""
+    answer = None
+    try:
+        while True:
+            kind, sql, args = steps.send(answer)
+            cur = await conn.exec_driver_sql(_PG.get(sql) or _pg(sql)
+                                             if dialect == "postgresql" else sql, args)
+            answer = None
+            if kind == "count":
+                answer = cur.rowcount
+            elif kind in ("row", "value"):
+                answer = cur.first()
+                if kind == "value" and answer is not None:
+                    answer = answer[0]
     except StopIteration as done:
         return done.value

@@ -46,6 +46,9 @@ class InlineConnection:
     async def execute(self, statement, parameters=None):
         return self._conn.execute(statement, parameters)
 
+    async def exec_driver_sql(self, statement, parameters=None):
+        return self._conn.exec_driver_sql(statement, parameters)
+
 
 def run_inline(coro: Coroutine) -> Any:
     """Finish a coroutine that never suspends, here and now."""

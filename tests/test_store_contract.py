@@ -4,9 +4,11 @@ fence, idempotent keys hold, and what was written reads back the same. A new bac
 (store/backend.py) is done when these pass on it."""
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from store import (
     DONE,
@@ -15,10 +17,17 @@ from store import (
     WAITING,
     Claim,
     LeaseLost,
+    ScheduleWrite,
     TaskUpdate,
     UsageRecord,
     Writes,
 )
+from store import commit as _commit
+from store import postgres as _postgres
+from store import sqlite as _sqlite
+from store import steps as _steps
+from store import writes as _writes
+from store.schema import conversations, entries, submissions, tasks, usage
 
 
 async def _turn(store, key="contract:1"):
@@ -146,3 +155,87 @@ def test_the_facade_never_asks_which_database_it_is_on():
     named = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
              and node.value in ("sqlite", "postgresql")]
     assert named == []
+
+
+# -- the general commit and the common step write the same rows ----------------------------
+
+_CLOCK = 1_800_000_000.0
+
+
+def _first_step(conv_id: int, general: bool) -> Writes:
+    """An inbound message; with a document and a schedule beside it when `general`."""
+    w = Writes()
+    w.submit("slack", "T1:1", "T1:2", conversation_id=conv_id, payload={"ts": "1.2"})
+    w.quarantine("slack", "bad", "malformed", payload={"raw": "\x00?"})
+    w.append(conv_id, "user", "hi", author="anna", ref="m1")
+    w.append(conv_id, "compaction", "summary", head=True, data={"upto": 1})
+    w.spawn("turn", {"q": 1}, conversation_id=conv_id)
+    w.record_usage(UsageRecord(provider="p", model="m", input_tokens=3, output_tokens=4,
+                               cache_read_tokens=5, cost_usd=0.25, conversation_id=conv_id))
+    if general:
+        w.edit_document("notes", "todo", [{"op": "set", "path": ["a"], "value": 1}],
+                        conversation_id=conv_id)
+        w.save_schedule(ScheduleWrite("s1", "plants", "water them",
+                                      {"kind": "cron", "expr": "0 9 * * *"}, "UTC",
+                                      {"channel": "cli"}, _CLOCK + 3600, conv_id))
+    return w
+
+
+def _turn_step(conv_id: int, turn: str, general: bool) -> Writes:
+    """A turn's phase: its reply, a tool call, a delivery, usage, the turn waiting."""
+    w = Writes()
+    w.append(conv_id, "assistant", "thinking é", task_id=turn, data={"n": 1})
+    w.spawn("tool", {"name": "x"}, parent_id=turn, conversation_id=conv_id, idem_key="k",
+            run_after=_CLOCK + 5)
+    w.deliver("deliver", {"text": "hi"}, key="k.answer", parent_id=turn,
+              conversation_id=conv_id)
+    w.record_usage(UsageRecord(provider="p", model="m", input_tokens=1, output_tokens=2,
+                               ok=False, error="boom"))
+    w.task_update = TaskUpdate(turn, "w", WAITING, "after", checkpoint={"n": 1})
+    if general:
+        w.edit_document("notes", "todo", [{"op": "set", "path": ["b"], "value": 2}])
+    return w
+
+
+async def _rows(store, conv_id: int) -> dict:
+    """Every row of the four tables a step inserts into, its surrogate key left out and
+    its conversation named, not numbered (the two runs' conversations are different)."""
+    out = {}
+    async with store.engines.read.connect() as conn:
+        for table in (submissions, entries, tasks, usage):
+            rows = (await conn.execute(select(table))).mappings().all()
+            out[table.name] = sorted((
+                tuple(sorted((k, "conv" if k == "conversation_id" and v == conv_id else v)
+                             for k, v in r.items() if not (k == "id" and table is not tasks)))
+                for r in rows), key=repr)
+    return out
+
+
+async def test_the_general_commit_writes_the_rows_a_common_step_writes(store, monkeypatch):
+    """A step with a document or a schedule goes through `store/commit.py`, one without
+    through the fast path (SQLite's plan, PostgreSQL's `steward_step`): for the same
+    inputs, at the same clock, both write the same rows, column for column."""
+    for module in (_commit, _sqlite, _postgres):
+        monkeypatch.setattr(module, "now", lambda: _CLOCK)
+    landed = []
+    for general in (False, True):
+        ids = itertools.count()
+        monkeypatch.setattr(_writes, "new_id", lambda ids=ids: f"id{next(ids):02}")
+        conv = await store.ensure_conversation("contract:same")
+        first = _first_step(conv.id, general)
+        assert _steps.fits(first) is not general
+        assert (await store.commit(first)).entry_seqs == [1, 2]
+        [turn] = await store.claim(Claim("w", 1, 60.0))
+        second = _turn_step(conv.id, turn.id, general)
+        assert _steps.fits(second) is not general
+        result = await store.commit(second)
+        assert result.entry_seqs == [3] and len(result.task_ids) == 2
+        landed.append(await _rows(store, conv.id))
+        if general:
+            break
+        async with store.engines.write.begin() as conn:  # the next run starts empty
+            for table in (usage, submissions, entries, tasks, conversations):
+                await conn.execute(table.delete())
+    fast, general = landed
+    assert [len(fast[t]) for t in ("submissions", "entries", "tasks", "usage")] == [3, 3, 3, 2]
+    assert general == fast

@@ -2,7 +2,8 @@
 the common shape is one call of the server-side `steward_step` (generated from the same
 plan SQLite runs: store/postgres/step_function.py); a lone task update, and one with the
 claim that takes its slot, are single prepared statements (store/hotpath.py); anything else
-is a SQLAlchemy transaction (store/commit.py). Liveness and leadership are advisory locks."""
+is a SQLAlchemy transaction (store/commit.py) whose inserts are the plan's own. Liveness
+and leadership are advisory locks."""
 
 import contextlib
 import logging
@@ -50,6 +51,15 @@ class PostgresBackend:
 
     async def commit(self, writes: Writes, then_claim: Claim | None,
                      parents: Parents) -> CommitResult:
+        """Three ways in, one set of statements. A lone task update (most phases of most
+        tasks), with the claim that takes its slot or without, is `hotpath.UPDATE_SQL`
+        alone or inside `UPDATE_THEN_CLAIM_PG`: the very text `steward_step` runs for its
+        update, one prepared statement and one round trip, where a call of the function
+        runs PL/pgSQL over sixty-odd arguments. A step of the common shape is
+        one call of `steward_step`. Anything else (documents, schedules, withdrawals) is
+        `commit.apply` in a SQLAlchemy transaction, whose submissions, entries, tasks and
+        usage are `steps.inserts`, the statements the function is rendered from
+        (store/step_sql.py): a column is added in one place whichever way a step goes."""
         update = _hot.lone_update(writes)
         if update is not None and _hot.pg_fits(update, parents.get(update.task_id) is None):
             async with (await self.engines.pool()).acquire() as conn:

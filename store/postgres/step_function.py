@@ -19,7 +19,6 @@ seen before, SW002 the task's lease is gone, SW003 no such conversation.
 import hashlib
 
 from store import hotpath
-from store.commit import DuplicateSubmission, reservations
 from store.errors import LeaseLost
 from store.hotpath import claim_params, claimed_tasks, update_params
 from store.records import PENDING, TERMINAL, CommitResult
@@ -34,7 +33,15 @@ from store.step_sql import (
     Insert,
     bind,
 )
-from store.steps import entry_rows, submission_rows, task_rows, usage_rows, wakes_self
+from store.steps import (
+    DuplicateSubmission,
+    entry_rows,
+    reservations,
+    submission_rows,
+    task_rows,
+    usage_rows,
+    wakes_self,
+)
 from store.writes import Claim, Writes
 
 NAME = "steward_step"
@@ -113,7 +120,7 @@ def _body() -> str:
     usage = _unnest(USAGE)
     seq = bind(SEQ, ["r_conv[i]", "r_count[i]", "p_now", "r_head[i]"]) + " INTO last"
     update = bind(hotpath.UPDATE_SQL.strip(), _UPDATE_BIND) + " INTO par"
-    wake = " ".join(hotpath.WAKE_SQLITE.split())
+    wake = " ".join(hotpath.WAKE_WAITING.split())
 
     def wake_of(who: str) -> str:
         return bind(wake, [who, "p_now"]) + ";"
