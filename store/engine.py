@@ -387,3 +387,12 @@ def _newer(engines: Engines, found: str, head: str) -> str:
 
 async def current_revision(engines: Engines) -> str | None:
     return await revision.current(engines)
+
+
+def described(url: str) -> str:
+    """A database as a person names it: "PostgreSQL database 'x' (schema y)", or the file."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return f"the SQLite database {parsed.database}"
+    schema = parsed.query.get("schema")
+    return f"PostgreSQL database {parsed.database!r}" + (f" (schema {schema})" if schema else "")

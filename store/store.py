@@ -13,7 +13,7 @@ from store import schedules as _schedules
 from store import tasks as _tasks
 from store.backend import Backend, backend_for
 from store.documents import versions as _versions
-from store.engine import Engines, Upgrade, create_engines, migrate
+from store.engine import Engines, Upgrade, create_engines, described, migrate
 from store.errors import NoSchema, NotFound
 from store.parents import Parents
 from store.read import queries as _reads
@@ -63,7 +63,7 @@ async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | Non
         upgrade_done = None
         revision = await current(backend.engines)
         if revision is None and not create:
-            raise NoSchema(f"no Steward tables in {_described(url)} yet")
+            raise NoSchema(f"no Steward tables in {described(url)} yet")
         if upgrade and revision != HEAD:  # at head: no Alembic loaded
             if snapshot_dir is None:
                 snapshot_dir = backend.snapshot_dir()
@@ -75,17 +75,6 @@ async def open_store(url: str, *, upgrade: bool = True, snapshot_dir: Path | Non
     store = Store(backend)
     store.upgrade = upgrade_done
     return store
-
-
-def _described(url: str) -> str:
-    """A database as a person names it: "PostgreSQL database 'x' (schema y)", or the file."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "postgresql":
-        return f"the SQLite database {parsed.database}"
-    schema = parsed.query.get("schema")
-    return f"PostgreSQL database {parsed.database!r}" + (f" (schema {schema})" if schema else "")
 
 
 class Store:

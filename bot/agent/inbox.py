@@ -12,6 +12,7 @@ from typing import Any
 
 from bot.agent import approval
 from bot.agent.context import WITHDRAWS
+from bot.memory.transcript import WITHDRAWN
 from bot.tools.base import known_timezone
 from store import PENDING, RUNNING, Conversation, Entry, Store, Task, Writes
 
@@ -27,7 +28,6 @@ def answer_key(channel: str, external_id: str) -> str:
     delivery's usual reconcile (`Channel.find`), an answer its predecessor already gave."""
     digest = hashlib.sha256(f"{channel}\n{external_id}".encode()).hexdigest()[:24]
     return f"in.{digest}"
-WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
 WITHDRAW_ATTEMPTS = 5
 SETTLE_SECONDS, SETTLE_POLL = 2.0, 0.02  # waiting out a turn's start phase (milliseconds)
 

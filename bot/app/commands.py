@@ -364,11 +364,21 @@ async def _forget(config: Config, args) -> int:
     return await forget_command(config, args)
 
 
+def _web_token(args) -> str | None:
+    """`--token`, else $STEWARD_WEB_TOKEN, if strong enough (else a UsageError); None: a
+    random one is made at the start."""
+    token = args.token or os.environ.get("STEWARD_WEB_TOKEN")
+    if not token:
+        return None
+    from bot.app.inspector.server import check_token  # aiohttp's web stack: `web` only
+
+    return check_token(token)
+
+
 async def _web(config: Config, args) -> int:
     from bot.app.inspector.server import serve  # aiohttp's web stack only for this command
 
-    await serve(config, args.host, args.port,
-                args.token or os.environ.get("STEWARD_WEB_TOKEN"))
+    await serve(config, args.host, args.port, args.token)
     return 0
 
 
@@ -484,6 +494,8 @@ def run(args) -> int:
             return SETUP[args.command](args)
         config = _config(args)
         check_home(config.home, _home_origin(args))
+        if args.command == "web":  # a weak token is refused whatever the home holds
+            args.token = _web_token(args)
         if args.command in READ_ONLY:
             _say_no_database(config, args)
         return asyncio.run(COMMANDS[args.command](config, args))

@@ -23,8 +23,9 @@ from datetime import UTC, datetime, tzinfo
 
 from bot.memory import embeddings as _embeddings
 from bot.memory.search import excerpt, remember
+from bot.memory.transcript import WITHDRAWN
 from bot.provenance import Marked, of_entry
-from store import Conversation, Entry, Store
+from store import Conversation, Entry, NotFound, Store
 from store.search import evidence, parse_query, query_terms
 
 MAX_HITS = 20
@@ -97,6 +98,18 @@ class _Timeline:
         return await self._root_of(cid) != self.root
 
 
+async def _taken_back(store: Store, entry: Entry) -> bool:
+    """A message its sender deleted before it was answered: its turn was withdrawn, and it
+    is left out of the model's context (bot.agent.inbox), so out of recall too."""
+    if entry.kind != "user" or not entry.task_id:
+        return False
+    try:
+        result = (await store.get_task(entry.task_id)).result
+    except NotFound:  # an imported message names no task of this store
+        return False
+    return isinstance(result, dict) and bool(result.get(WITHDRAWN))
+
+
 async def recall(store: Store, conversation: Conversation, text: str, *,
                  in_window: set[int], zone: tzinfo = UTC, at: float | None = None,
                  room: int = MAX_CHARS) -> str:
@@ -121,7 +134,7 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
             e = hit.entry
             if e.id in in_window or e.kind == "compaction" or not e.text.strip():
                 continue
-            if await timeline.allows(e):
+            if await timeline.allows(e) and not await _taken_back(store, e):
                 kept.append(hit)
         if len(kept) >= MAX_HITS or len(hits) < PAGE:
             break
@@ -137,7 +150,7 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
         block = [f"- {when} {e.author or e.kind}: {excerpt(e.text, text, HIT_CHARS)}"]
         around = [n for n in (*hit.before, *hit.after)  # what people said, never Steward's
                   if n.id not in shown and n.text.strip() and evidence(n)
-                  and await timeline.allows(n)]
+                  and await timeline.allows(n) and not await _taken_back(store, n)]
         block += [f"  … {n.author or n.kind}: {excerpt(n.text, text, NEIGHBOUR_CHARS)}"
                   for n in around]
         size = sum(len(line) + 1 for line in block)

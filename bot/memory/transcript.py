@@ -27,6 +27,9 @@ async def head_of(store: Store, conversation: Conversation) -> tuple[str | None,
             int((marker.data or {}).get("cut_seq", marker.seq)))
 
 
+WITHDRAWN = "withdrawn"  # a withdrawn turn's result: {"withdrawn": True, "reason": ...}
+
+
 def withdrawn_by(entry: Entry) -> list[int]:
     """The positions of the messages this entry says were taken back before they were
     answered (a deleted question): they are left out of the model's context. The note

@@ -63,10 +63,12 @@ async def search(request: web.Request) -> web.Response:
                     class_="conversation"),
                 f" · #{e.seq} · ", said(e.created_at, owner_zone, now),
                 tag("a", "show in the conversation", href=at, class_="open")]
-        near = [tag("div", f"{_speaker(n)}: ", excerpt(n.text, query, 160), class_="near")
-                for n in h.before]
-        after = [tag("div", f"{_speaker(n)}: ", excerpt(n.text, query, 160), class_="near")
-                 for n in h.after]
+        # A hit may rank by its neighbours' words (a reply to the question that held
+        # them): they are marked where they show too.
+        near = [tag("div", f"{_speaker(n)}: ", marked(excerpt(n.text, query, 160), query),
+                    class_="near") for n in h.before]
+        after = [tag("div", f"{_speaker(n)}: ", marked(excerpt(n.text, query, 160), query),
+                     class_="near") for n in h.after]
         results.append(tag("article", tag("div", head, class_="head"), near,
                            tag("div", tag("b", f"{_speaker(e)}: "),
                                marked(excerpt(e.text, query, 500), query), class_="said"),
