@@ -4,7 +4,13 @@ written by an `llm_call` (quiet: no channel shows it), and appends it as the con
 new head (see that module for the rules). How much it keeps, how long the summary may be
 and when a turn starts one are shares of the model's window (bot/memory/watermarks.py)."""
 
-from bot.agent.context import Assembled, offered_tools, prompt_with_facts, tools_chars
+from bot.agent.context import (
+    Assembled,
+    offered_tools,
+    prompt_with_facts,
+    recall_room,
+    tools_chars,
+)
 from bot.agent.deps import AgentDeps
 from bot.agent.pinned import pin
 from bot.config import Config
@@ -43,6 +49,10 @@ async def marks_for(deps: AgentDeps, conversation_id: int, ratio: float) -> Mark
     facts = await facts_for(deps.store, conversation_id, config.compaction.facts_chars)
     fixed = len(prompt_with_facts(config, facts)) + tools_chars(
         offered_tools(config, deps.toolbox.specs()))
+    # A turn's request keeps recall's room from the history (build_request): so must the
+    # summary's, or what it keeps verbatim overflows the next turn's window at once.
+    history = max(int((config.llm.window - config.llm.output_tokens) / ratio) - fixed, 2000)
+    fixed += recall_room(history)
     return marks(config.llm, config.compaction, int(fixed * ratio) + 1)
 
 

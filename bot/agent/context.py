@@ -71,6 +71,11 @@ RECALL_CHARS = 1500  # recall's room at least (bot/memory/recall.py), ...
 RECALL_SHARE = 8  # ... or this fraction of the room for the conversation
 
 
+def recall_room(budget: int) -> int:
+    """The characters kept from a conversation's `budget` for what recall brings back."""
+    return max(RECALL_CHARS, budget // RECALL_SHARE)
+
+
 def offered_tools(config: Config, tools: list[ToolSpec]) -> list[ToolSpec]:
     """The tools a request can carry: none when the server's template drops them
     (`[llm]` learned so), or when their schemas would crowd out the conversation. Judged
@@ -546,7 +551,7 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     fixed = len(prompt) + tools_chars(tools)
     budget = max(int(window_tokens / ratio) - fixed, 2000)
     # Recall's room (bot/memory/recall.py): a share of the window, kept from the entries.
-    room = max(RECALL_CHARS, budget // RECALL_SHARE) if recall is not None else 0
+    room = recall_room(budget) if recall is not None else 0
     budget = max(budget - room, 2000)
     if cache is not None:
         window = await cache.window(store, conversation, budget)
@@ -591,8 +596,10 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
                 + UNTRUSTED + found)))
     request = Request(model=model, max_tokens=config.llm.output_tokens, tools=tools,
                       messages=[Message(role="system", content=prompt), *messages])
+    # Recall's room counts as fixed: compaction cannot make it smaller, and counted as
+    # history it made a 4k-token window compact every third turn.
     return Assembled(request, int(request_chars(request) * ratio) + 1, window, outside,
-                     int(fixed * ratio) + 1)
+                     int((fixed + room) * ratio) + 1)
 
 
 async def assemble(store: Store, config: Config, conversation_id: int, *,

@@ -51,6 +51,7 @@ class McpServer:
         self._lost = asyncio.Event()
         self._supervisor: asyncio.Task | None = None
         self._closing = False
+        self.connects = 0  # how many times a connection was made (restarts show here)
         self.last_error = ""
 
     def start(self) -> None:
@@ -125,6 +126,7 @@ class McpServer:
             try:
                 async with self._connect() as session:
                     self._session = session
+                    self.connects += 1
                     self.last_error = ""
                     backoff = 1.0
                     self._lost.clear()
