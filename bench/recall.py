@@ -33,9 +33,17 @@ local_model.py; needs `bash scripts/setup local`), every entry is embedded by th
 background task, and the vector ranking alone and each fusion of FUSIONS are scored too;
 for the local model also its speed (entries/s) and the process' RSS before and after.
 
+Evidence in the model's request: every question asked as the newest message of its
+conversation, the request built as `steward context` shows it, at an 8k-token window right
+after the import (no compaction), then at a 16k-token window after `steward compact` ran on
+every conversation (the summary written by the offline demo model, so what left the window
+comes back only through recall): the share of questions whose evidence is in the request,
+in the window, and of those whose evidence is outside the window, the share recall brought
+back; with the recalled tokens per request.
+
 usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
            [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings [fake|local]]
-           [--json]
+           [--no-compaction] [--json]
 """
 
 import argparse
@@ -738,7 +746,8 @@ async def bigger(store, home: Path, seed: int, have: int) -> int:
 
 
 async def run_backend(backend, rows: list[dict], questions: list[Question], seed: int,
-                      cli: int, big: bool, embeddings: str | None = None) -> dict:
+                      cli: int, big: bool, embeddings: str | None = None,
+                      compacted: bool = True) -> dict:
     out: dict = {}
     async with backend() as url:
         with tempfile.TemporaryDirectory(prefix="steward-recall-") as tmp:  # blocking setup
@@ -780,6 +789,10 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
                 out.update(await in_context(home, url, rows, questions))
                 if embeddings:
                     await hybrid(store, questions, out, embeddings, len(rows))
+                if compacted:
+                    note(f"  compacting, then {len(questions)} questions at "
+                         f"{COMPACTED_WINDOW} tokens")
+                    out.update(await after_compaction(home, url, rows, questions))
                 if big:
                     total = await bigger(store, home, seed, len(rows))
                     await settle(store)
@@ -795,6 +808,7 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
 
 
 WINDOW = 8192  # tokens: a small local model's window
+COMPACTED_WINDOW = 16384  # tokens: the window compacted before asking (`after_compaction`)
 
 
 def _chunks(text: str, width: int = 50) -> list[str]:
@@ -802,46 +816,77 @@ def _chunks(text: str, width: int = 50) -> list[str]:
     return [flat[i:i + width] for i in range(0, max(len(flat) - width, 0) + 1, width)] or [flat]
 
 
-async def in_context(home: Path, url: str, rows: list[dict], questions: list[Question]) -> dict:
-    """Evidence in the model's request: each question asked as the newest message of its
-    conversation right after the import (no compaction run), the request built as
-    `steward context` shows it (bot/agent/context.py `assemble`, the real tools, a
-    `WINDOW`-token window); found when a part of the evidence turn's text is in it (in the
-    window or recalled). Also what the recalled text cost, in tokens (4 characters each)."""
-    from bot.agent.context import assemble
+def _context_config(home: Path, url: str, window: int):
     from bot.app.config import load_config
+
+    path = home / f"context-{window}.toml"
+    path.write_text(f'[store]\nurl = "{url}"\n[llm]\nprovider = "demo"\n'
+                    f"context_window = {window}\n")
+    return path, load_config(str(path), str(home))
+
+
+async def in_context(home: Path, url: str, rows: list[dict], questions: list[Question],
+                     window: int = WINDOW, label: str = "") -> dict:
+    """Evidence in the model's request: each question asked as the newest message of its
+    conversation (right after the import, or after `after_compaction`), the request built
+    as `steward context` shows it (bot/agent/context.py `assemble`, the real tools, a
+    `window`-token window); found when a part of the evidence turn's text is in it (in the
+    window, the summary included, or recalled). Also the share of questions whose evidence
+    is not in the window (only recall can bring it), how many of those recall brought, and
+    what the recalled text cost, in tokens (4 characters each)."""
+    from bot.agent.context import assemble
     from bot.app.inspector.source import open_source
     from store.writes import NewEntry
 
-    path = home / "context.toml"
-    path.write_text(f'[store]\nurl = "{url}"\n[llm]\nprovider = "demo"\n'
-                    f"context_window = {WINDOW}\n")
-    config = load_config(str(path), str(home))
+    _, config = _context_config(home, url, window)
     text_of = {r["ref"]: r["text"] for r in rows}
     last = {}
     for r in rows:
         last[r["session"]] = max(last.get(r["session"], 0.0),
                                  datetime.fromisoformat(r["ts"]).timestamp())
-    found, in_window, cost = 0, 0, []
+    found, in_window, left, brought, cost = 0, 0, 0, 0, []
     async with open_source(config) as source:
         for q in questions:
             conv = await source.store.get_conversation(q.session)
             asked = NewEntry(conv.id, "user", q.text, created_at=last[q.session] + 86400)
             made = await assemble(source.store, config, conv.id, tools=source.tools,
                                   model=source.model, pending=[asked])
-            body = "\n".join(" ".join(str(m.content).split()) for m in made.request.messages)
-            recalled = [str(m.content) for m in made.request.messages
-                        if str(m.content).startswith("Possibly relevant")]
+            flat = [" ".join(str(m.content).split()) for m in made.request.messages]
+            recalled = [t for t in flat if t.startswith("Possibly relevant")]
+            rest = "\n".join(t for t in flat if not t.startswith("Possibly relevant"))
             cost.append(sum(len(t) for t in recalled) / 4)
             chunks = _chunks(text_of[q.evidence])
-            hit = any(c in body for c in chunks)
-            found += hit
-            in_window += hit and not any(any(c in " ".join(t.split()) for c in chunks)
-                                         for t in recalled)
+            windowed = any(c in rest for c in chunks)
+            recall_hit = any(c in t for t in recalled for c in chunks)
+            found += windowed or recall_hit
+            in_window += windowed
+            left += not windowed
+            brought += recall_hit and not windowed
     n = len(questions)
-    return {f"evidence in the request at {WINDOW} tokens (%)": 100 * found / n,
-            "  of which in the window (%)": 100 * in_window / n,
-            "recalled tokens per request (mean)": statistics.mean(cost) if cost else 0.0}
+    return {f"{label}evidence in the request at {window} tokens (%)": 100 * found / n,
+            f"{label}  of which in the window (%)": 100 * in_window / n,
+            f"{label}  evidence outside the window: recalled (%)":
+                100 * brought / left if left else 100.0,
+            f"{label}  questions with evidence outside the window": left,
+            f"{label}recalled tokens per request (mean)":
+                statistics.mean(cost) if cost else 0.0}
+
+
+async def after_compaction(home: Path, url: str, rows: list[dict],
+                           questions: list[Question]) -> dict:
+    """The same, for a `COMPACTED_WINDOW`-token window after every conversation has been
+    compacted as `steward compact KEY` does it (the real command, with the offline demo
+    model writing the summary, so a summary never holds the evidence: what is not in the
+    window verbatim reaches the model only through recall)."""
+    path, _ = _context_config(home, url, COMPACTED_WINDOW)
+    sessions = sorted({q.session for q in questions})
+    started = time.perf_counter()
+    for key in sessions:
+        await steward(home, "--config", str(path), "compact", key)
+    out = {f"compact {len(sessions)} conversations (s)": time.perf_counter() - started}
+    out.update(await in_context(home, url, rows, questions, COMPACTED_WINDOW,
+                                label="compacted: "))
+    return out
 
 
 def baselines(rows: list[dict], questions: list[Question]) -> dict:
@@ -872,6 +917,8 @@ async def main() -> int:
     parser.add_argument("--embeddings", nargs="?", const="fake", choices=("fake", "local"),
                         help="also embed (fake: the stand-in provider over HTTP, the "
                              "default; local: the local model) and measure fusions")
+    parser.add_argument("--no-compaction", action="store_true",
+                        help=f"skip compacting and asking again at {COMPACTED_WINDOW} tokens")
     args = parser.parse_args()
     figures: dict = {}
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
@@ -886,7 +933,7 @@ async def main() -> int:
             note(f"{name}:")
             got = figures[f"{label}:{name}"] = await run_backend(
                 backends[name], rows, questions, args.seed, min(args.cli, len(questions)),
-                args.big and label == "planted", args.embeddings)
+                args.big and label == "planted", args.embeddings, not args.no_compaction)
             got["recall@10 over bm25 (points)"] = (got["steward recall@10"]
                                                    - base["bm25 recall@10"])
     if args.json:
