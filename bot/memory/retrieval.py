@@ -90,7 +90,7 @@ async def remember(store: Store, query: str, *, scopes: list[str] | None = None,
     embedding = None
     if embedder is not None and embedder.hybrid and words.strip():
         try:
-            embedding = (await embedder.embed([words]))[0]
+            embedding = (await embedder.embed_query([words]))[0]
         except _embeddings.EmbeddingError as exc:
             log.warning("search without embeddings: %s", exc)
     return await find(store, words, scopes=scopes, conversation_key=conversation_key,
