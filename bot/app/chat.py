@@ -3,9 +3,12 @@ published (streamed partials, then the delivered answer).
 
 `chat` reads its lines on the event loop itself (the loop watches stdin), never in a thread
 blocked in `input()`: Ctrl-C at the prompt then leaves at once, instead of when Enter is
-next pressed (a thread cannot be interrupted, and the process would wait for it). When the
-model gave no answer (its provider unreachable, say) the answer shown is the apology the
-conversation keeps, and one line on stderr says why; `ask` then exits 1.
+next pressed (a thread cannot be interrupted, and the process would wait for it). On a
+terminal the line is edited by the program, not the terminal's driver (line_editor.py, as
+readline does), so that a reminder shown at the prompt goes above it and what was half
+typed is drawn again after it, the cursor where it was. When the model gave no answer (its
+provider unreachable, say) the answer shown is the apology the conversation keeps, and one
+line on stderr says why; `ask` then exits 1.
 
 Ctrl-C during an answer says what it does: the answer is finished and shown, unless Ctrl-C
 comes again (bot/app/interrupt.py); what that cuts off is handed back, finished at the next
@@ -27,6 +30,7 @@ from bot.agent.approval import KIND as APPROVAL
 from bot.agent.events import Event
 from bot.agent.inbox import submit_message
 from bot.app.interrupt import CtrlC, unless
+from bot.app.line_editor import LineEditor, read_ready
 from bot.app.wiring import App
 from bot.channels import Outbound
 from bot.redact import redact
@@ -293,28 +297,23 @@ class StdinLines:
         return line.decode("utf-8", "replace").removesuffix("\r")
 
     async def _read(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
         try:
-            loop.add_reader(self.fd, lambda: ready.done() or ready.set_result(None))
+            return await read_ready(self.fd, READ_SIZE)
         except (PermissionError, ValueError, NotImplementedError):
             return await asyncio.to_thread(os.read, self.fd, READ_SIZE)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(self.fd)
-        return os.read(self.fd, READ_SIZE)  # readable: this returns at once
 
 
 class Aside:
     """What reaches the terminal with no turn of this chat rendering it (a reminder, an
     answer finished for a chat that was stopped): shown at the prompt (the prompt written
-    again after it), or once the turn on screen has ended, never inside its streamed text.
-    Another session's message says which session it is."""
+    again after it, with what the person had half typed and the cursor where it was, when
+    a `LineEditor` reads the line), or once the turn on screen has ended, never inside its
+    streamed text. Another session's message says which session it is."""
 
-    def __init__(self, out: TextIO, session: str):
+    def __init__(self, out: TextIO, session: str, editor: LineEditor | None = None):
         self.out = out
         self.session = session
+        self.editor = editor
         self.live = _is_terminal(out)
         self.prompting = False  # the prompt is on screen, waiting for a line
         self.busy = False  # a turn is being rendered
@@ -327,43 +326,66 @@ class Aside:
 
     def prompt(self) -> None:
         self.flush()
-        self.out.write(PROMPT)
-        self.out.flush()
+        if self.editor is not None:
+            self.editor.show()
+        else:
+            self.out.write(PROMPT)
+            self.out.flush()
         self.prompting = True
 
     def flush(self) -> None:
         if not self.held:
             return
-        if self.prompting:  # off the prompt's line (on a terminal, the prompt taken away)
-            self.out.write("\r\x1b[K" if self.live else "\n")
+        if self.editor is not None:
+            prompting = self.editor.shown
+            self.editor.hide()
+        else:
+            prompting = self.prompting
+            if prompting:  # off the prompt's line (on a terminal, the prompt taken away)
+                self.out.write("\r\x1b[K" if self.live else "\n")
         for message in self.held:
             key = message.conversation_key
             self.out.write((message.text if key == self.session else f"[{key}] {message.text}")
                            + "\n")
         self.held.clear()
-        if self.prompting:
+        if prompting and self.editor is not None:
+            self.editor.show()
+        elif prompting:
             self.out.write(PROMPT)
         self.out.flush()
 
 
-async def chat(app: App, session: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-               lines: StdinLines | None = None) -> int:
+def _reader(out: TextIO) -> tuple[StdinLines | LineEditor, contextlib.AbstractContextManager]:
+    """A person at a terminal types into a `LineEditor` (the terminal's modes changed
+    within the context); anything else (a pipe, a file) is read a line at a time."""
+    fd = sys.stdin.fileno()
+    if os.isatty(fd) and _is_terminal(out):
+        editor = LineEditor(fd, out, PROMPT)
+        return editor, editor.editing()
+    return StdinLines(fd), contextlib.nullcontext()
+
+
+async def chat(app: App, session: str, out: TextIO = sys.stdout,
+               err: TextIO = sys.stderr) -> int:
     """Talk until an empty line, the end of the input or Ctrl-C. Due schedules fire here
     too (an occurrence's commit is keyed: with `run` up as well, each still fires once),
     and what they deliver to the terminal is shown between turns (`Aside`)."""
-    lines = lines or StdinLines(sys.stdin.fileno())
-    aside = Aside(out, session)
+    lines, editing = _reader(out)
+    aside = Aside(out, session, lines if isinstance(lines, LineEditor) else None)
     app.deps.channels["cli"].aside = aside  # before the runner resumes anything
     out.write(f"steward chat — session {session}; an empty line, Ctrl-D or Ctrl-C ends it\n")
-    with CtrlC() as ctrl_c:
+    with editing, CtrlC() as ctrl_c:
         async with serving(app, ctrl_c, err, schedules=True):
             while True:
                 aside.prompt()
                 read, line = await unless(ctrl_c.first, lines.readline())
                 aside.prompting = False
                 if not read:  # Ctrl-C at the prompt: off its line, then out
-                    out.write("\n")
-                    out.flush()
+                    if aside.editor is not None:
+                        aside.editor.finish()
+                    else:
+                        out.write("\n")
+                        out.flush()
                     break
                 if line is None or not line.strip():
                     break

@@ -1,6 +1,8 @@
 """The Slack channel the delivery task calls: `send` shows an answer (editing the streamed
 message under the same key, posting only parts that do not exist yet), `find` tells a
-restarted delivery whether Slack already shows it in full.
+restarted delivery whether Slack already shows it in full (or, in a home restored from a
+backup, that other answers cover every message it answers: then what it streamed itself is
+deleted).
 
 An answer to a message the user deleted before it was answered is not shown (the delivery
 task decides, by `withdrawal_ref`); `retract` deletes whatever was streamed of it.
@@ -82,9 +84,7 @@ class SlackChannel(Channel):
         """Delete what was streamed of an answer whose question was deleted."""
         with self.messages.watch() as touched:
             try:
-                self.streams.finish(message.key)
-                async with self.messages.locked(message.key):
-                    removed = await self.messages.remove(message.key, message.reply_to)
+                removed = await self._take_back(message)
             except Exception as exc:
                 if not faults.is_outage(exc):
                     raise
@@ -92,6 +92,12 @@ class SlackChannel(Channel):
                 raise faults.for_runtime(exc, maybe_shown=touched.maybe) from exc
         await self._clear_sign(message)
         return {"removed": removed}
+
+    async def _take_back(self, message: Outbound) -> int:
+        """Delete every part of the answer Slack shows; no stream edit comes after."""
+        self.streams.finish(message.key)
+        async with self.messages.locked(message.key):
+            return await self.messages.remove(message.key, message.reply_to)
 
     async def _send(self, message: Outbound) -> dict[str, Any]:
         where = message.reply_to
@@ -136,9 +142,11 @@ class SlackChannel(Channel):
         if not shown and covered and self.messages.answered(
                 (await self.messages.resolve(where))["channel"], covered, besides=message.key):
             # Every message it answers has an answer already, under other keys: a home
-            # restored from a backup, whose predecessor grouped them otherwise.
+            # restored from a backup, whose predecessor grouped them otherwise. What it
+            # streamed of its own before the snapshot would hang under the real answer.
+            removed = await self._take_back(message)
             await self._clear_sign(message)
-            return {"found": True, "answered_by_others": list(covered)}
+            return {"found": True, "answered_by_others": list(covered), "removed": removed}
         return None  # missing or unfinished: `send` completes it without posting twice
 
 
