@@ -1051,7 +1051,8 @@ async def in_context(home: Path, url: str, rows: list[dict], questions: list[Que
     async with open_source(config) as source:
         for q in questions:
             conv = await source.store.get_conversation(q.session)
-            asked = NewEntry(conv.id, "user", q.text, created_at=last[q.session] + 86400)
+            when = q.at if q.at is not None else last[q.session] + 86400  # asked then
+            asked = NewEntry(conv.id, "user", q.text, created_at=when)
             made = await assemble(source.store, config, conv.id, tools=source.tools,
                                   model=source.model, pending=[asked])
             flat = [" ".join(str(m.content).split()) for m in made.request.messages]

@@ -118,3 +118,43 @@ async def test_stewards_own_output_is_never_recalled(store):
                          in_window=set())
     assert found.splitlines()[0] == f"- 2023-11-14 me: {TARGET}"
     assert "You said" not in found and "1. me:" not in found
+
+
+async def test_the_conversations_own_history_comes_before_look_alikes_of_its_scope(store):
+    """Twenty friends each moved flat, each told in a conversation of its own in one scope:
+    asked in Vera's, Vera's move is recalled first, though the others' say it in more of
+    the question's words (ranked together, they filled the room)."""
+    here = await store.ensure_conversation("import:vera", owner="me")
+    await said(store, here, ("Vera", "we signed for the place on Linden Street, finally"),
+               *[("me", f"filler line number {i} about the weather") for i in range(3)])
+    for n in range(20):
+        other = await store.ensure_conversation(f"import:friend{n}", owner="me")
+        await said(store, other, (f"Friend{n}", f"my new apartment is great, the new "
+                                                f"apartment has a balcony, number {n}"))
+    here = await store.get_conversation("import:vera")
+    found = await recall(store, here, "Where is Vera's new apartment?", in_window=set())
+    assert found.splitlines()[0].endswith("Vera: we signed for the place on Linden Street, "
+                                          "finally")
+
+
+async def test_the_request_reads_recalls_time_phrases_as_of_the_message(store, tmp_path):
+    """The request for a message said on day 100 (answered late, or replayed from an
+    import) recalls by that message's "last week", not today's (bot/agent/context.py)."""
+    from bot.agent.context import assemble
+    from bot.app.config import build_config
+    from store.writes import NewEntry
+
+    config = build_config({"llm": {"provider": "demo"}}, home=tmp_path)
+    here = await compacted(store, "cli:now")
+    old = await store.ensure_conversation("cli:old", owner="me")
+    base = 1_700_000_000.0
+    await said(store, old, ("me", "we went to the lake for the picnic"), at=base + 95 * DAY)
+    await said(store, old, ("me", "we went to the mountains for the picnic"),
+               at=base + 300 * DAY)
+    asked = NewEntry(here.id, "user", "Where did we go for the picnic last week?",
+                     created_at=base + 100 * DAY)
+    made = await assemble(store, config, here.id, tools=[], model="m", pending=[asked])
+    recalled = next(m.content for m in made.request.messages
+                    if str(m.content).startswith("Possibly relevant"))
+    first = next(line for line in recalled.splitlines() if line.startswith("- "))
+    assert "lake" in first

@@ -531,12 +531,12 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
                         recall=None, pending: list[NewEntry] = ()) -> Assembled:
     """The request for the model. `facts`: the long-term facts block, or what reads it
     (read alongside the conversation: a turn waits for the slowest read, not the sum).
-    `recall(conversation, text, in_window)` may return memories found outside the window
-    for the newest message; they go last but one. `pending`: entries of this conversation
-    not committed yet, that the request is committed with (a turn's tool results): the
-    request holds them as if they had landed. The result says whether any of it is
-    outside text (`Assembled.outside`): the facts, the summary, an entry, a recalled one
-    (each carries its mark: bot/provenance.py)."""
+    `recall(conversation, text, in_window, room, at)` may return memories found outside
+    the window for the newest message (`at`: when it was said); they go last but one.
+    `pending`: entries of this conversation not committed yet, that the request is
+    committed with (a turn's tool results): the request holds them as if they had landed.
+    The result says whether any of it is outside text (`Assembled.outside`): the facts,
+    the summary, an entry, a recalled one (each carries its mark: bot/provenance.py)."""
     if isinstance(facts, str):
         conversation, ratio = await asyncio.gather(
             store.get_conversation_by_id(conversation_id),
@@ -586,8 +586,11 @@ async def build_request(store: Store, config: Config, conversation_id: int, *,
     last_user = next((i for i in range(len(messages) - 1, -1, -1)
                       if messages[i].role == "user"), None)
     if recall is not None and last_user is not None:
+        # Its time phrases are read as of when it was said ("last week" of a message
+        # answered late, or of one in an imported history, is that message's last week).
+        said_at = next((e.created_at for e in reversed(entries) if e.kind == "user"), None)
         found = await recall(conversation, messages[last_user].content,
-                             {e.id for e in window.entries}, room)
+                             {e.id for e in window.entries}, room, said_at)
         if found:
             # Old messages are what people said, not what Steward may do: data, like a page.
             outside = outside or outside_of(found)
@@ -613,9 +616,9 @@ async def assemble(store: Store, config: Config, conversation_id: int, *,
     zone = ZoneInfo(known_timezone(timezone) or config.agent.timezone)
 
     async def recalled(conversation: Conversation, said: str, seen: set[int],
-                       room: int) -> str:
+                       room: int, at: float | None) -> str:
         return await recall_memories(store, conversation, said, in_window=seen, zone=zone,
-                                     room=room)
+                                     room=room, at=at)
 
     return await build_request(
         store, config, conversation_id, tools=tools, model=model, upto=upto, cache=cache,

@@ -1,8 +1,9 @@
 """Relevant memories for a turn: what the full-history search ranks best, in the
-conversation's own scope, for the newest message as a whole (a question in plain words:
-store/search.py weighs every word by how rare it is, stems them, and knows who said what) —
-but only what the context window no longer holds (older than the summary's cut, or said in
-another conversation of the same scope). Volatile, so it goes late in the context.
+conversation's own history first, then in the rest of its scope, for the newest message as
+a whole (a question in plain words: store/search.py weighs every word by how rare it is,
+stems them, and knows who said what) — but only what the context window no longer holds
+(older than the summary's cut, or said in another conversation of the same scope).
+Volatile, so it goes late in the context.
 
 As many memories as fit the room the context gives (`room` characters, default
 `MAX_CHARS`; at most `MAX_HITS`), best first, each `HIT_CHARS` around the first matching
@@ -125,24 +126,34 @@ async def recall(store: Store, conversation: Conversation, text: str, *,
     if not worth_searching(text):
         return ""
     timeline = _Timeline(store, conversation)
-    kept = []
-    for page in range(SEARCH_PAGES):
-        hits = await remember(store, text, scopes=[conversation.scope], limit=PAGE,
-                              offset=page * PAGE, context=1, zone=zone, at=at,
-                              embedder=_embeddings.attached(store), answers=False)
-        for hit in hits:
-            e = hit.entry
-            if e.id in in_window or e.kind == "compaction" or not e.text.strip():
-                continue
-            if await timeline.allows(e) and not await _taken_back(store, e):
-                kept.append(hit)
-        if len(kept) >= MAX_HITS or len(hits) < PAGE:
-            break
+
+    async def best(where: dict) -> list:
+        """The hits of one search that recall may show, best first, floored."""
+        kept = []
+        for page in range(SEARCH_PAGES):
+            hits = await remember(store, text, **where, limit=PAGE, offset=page * PAGE,
+                                  context=1, zone=zone, at=at,
+                                  embedder=_embeddings.attached(store), answers=False)
+            for hit in hits:
+                e = hit.entry
+                if e.id in in_window or e.kind == "compaction" or not e.text.strip():
+                    continue
+                if await timeline.allows(e) and not await _taken_back(store, e):
+                    kept.append(hit)
+            if len(kept) >= MAX_HITS or len(hits) < PAGE:
+                break
+        return [h for h in kept[:MAX_HITS] if h.score >= RELATIVE_FLOOR * kept[0].score]
+
+    # The conversation's own history first, then the rest of its scope: ranked together,
+    # another conversation's look-alikes (someone else's new apartment) outrank the
+    # turn this conversation is asking about, and its words' statistics drown its own.
+    own = await best({"conversation_key": conversation.key})
+    ids = {h.entry.id for h in own}
+    kept = own + [h for h in await best({"scopes": [conversation.scope]})
+                  if h.entry.id not in ids]
     lines, used, outside = [], 0, None
     shown = set(in_window)
-    for hit in kept[:MAX_HITS]:  # best first
-        if hit.score < RELATIVE_FLOOR * kept[0].score:
-            break
+    for hit in kept[:MAX_HITS]:
         e = hit.entry
         if e.id in shown:
             continue
