@@ -96,6 +96,7 @@ class MiniLM:
             a = np.asarray(tensors.pop(name), dtype=np.float32)
             return np.ascontiguousarray(a.T) if transpose else a  # (in, out): x @ w, fast
 
+        scale = np.float32(1.0 / np.sqrt(self.hidden // self.heads))
         e = "embeddings."
         self.word = t(e + "word_embeddings.weight")
         self.position = t(e + "position_embeddings.weight")
@@ -108,6 +109,9 @@ class MiniLM:
             qkv = np.concatenate(  # (hidden, 3 hidden): one product for the three
                 [t(a + f"{w}.weight", True) for w in ("query", "key", "value")], axis=1)
             qkv_bias = np.concatenate([t(a + f"{w}.bias") for w in ("query", "key", "value")])
+            # the queries scaled by 1/sqrt(head size) here, not every score at every pass
+            qkv[:, :self.hidden] *= scale
+            qkv_bias[:self.hidden] *= scale
             self.layers.append((
                 qkv, qkv_bias,
                 t(p + "attention.output.dense.weight", True),
@@ -119,8 +123,12 @@ class MiniLM:
                 (t(p + "output.LayerNorm.weight"), t(p + "output.LayerNorm.bias")),
             ))
 
-    def encode(self, texts: list[str], chunk: int = CHUNK):
-        """Unit vectors (float32, one row per text, in the texts' order)."""
+    def encode(self, texts: list[str], chunk: int = CHUNK, pool=None, parts: int = 1):
+        """Unit vectors (float32, one row per text, in the texts' order). With a `pool`
+        (a concurrent.futures executor) and `parts` > 1, the texts are dealt out in turn,
+        by length, into `parts` shares of like lengths, each encoded by a thread of the
+        pool (numpy lets go of the GIL in its products, so they run on several cores);
+        the caller waits."""
         import numpy as np
 
         out = np.zeros((len(texts), self.hidden), dtype=np.float32)
@@ -128,15 +136,25 @@ class MiniLM:
             return out
         ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        for start in range(0, len(order), chunk):
-            rows = order[start:start + chunk]
-            longest = max(len(ids[i]) for i in rows)
-            tokens = np.zeros((len(rows), longest), dtype=np.int64)  # [PAD] is 0
-            mask = np.zeros((len(rows), longest), dtype=np.float32)
-            for r, i in enumerate(rows):
-                tokens[r, :len(ids[i])] = ids[i]
-                mask[r, :len(ids[i])] = 1.0
-            out[rows] = self._forward(tokens, mask)
+        parts = max(1, min(parts, -(-len(order) // chunk))) if pool is not None else 1
+        shares = [order[p::parts] for p in range(parts)]  # still sorted, each of them
+
+        def share(rows: list[int]) -> None:  # disjoint rows of `out`: no lock
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                longest = max(len(ids[i]) for i in part)
+                tokens = np.zeros((len(part), longest), dtype=np.int64)  # [PAD] is 0
+                mask = np.zeros((len(part), longest), dtype=np.float32)
+                for r, i in enumerate(part):
+                    tokens[r, :len(ids[i])] = ids[i]
+                    mask[r, :len(ids[i])] = 1.0
+                out[part] = self._forward(tokens, mask)
+
+        if parts == 1:
+            share(shares[0])
+        else:
+            for done in [pool.submit(share, rows) for rows in shares]:
+                done.result()
         return out
 
     def _forward(self, tokens, mask):
@@ -149,54 +167,84 @@ class MiniLM:
         x = self._layer_norm(x, self.norm).reshape(b * n, h)
         # padded keys get no attention: a large negative score before the softmax
         bias = ((1.0 - mask) * np.float32(-1e30))[:, None, None, :]
-        scale = np.float32(1.0 / np.sqrt(d))
         for qkv, qkv_b, out, out_b, norm1, up, up_b, down, down_b, norm2 in self.layers:
+            y = x @ qkv
+            y += qkv_b
             q, k, v = np.ascontiguousarray(  # (3, b, heads, n, d): each head's rows in a row
-                (x @ qkv + qkv_b).reshape(b, n, 3, heads, d).transpose(2, 0, 3, 1, 4))
-            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias  # (b, heads, n, n)
+                y.reshape(b, n, 3, heads, d).transpose(2, 0, 3, 1, 4))
+            scores = q @ k.transpose(0, 1, 3, 2)  # (b, heads, n, n), q scaled at load
+            scores += bias
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
             context = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h)
-            x = self._layer_norm(x + context @ out + out_b, norm1)
-            x = self._layer_norm(x + _gelu(x @ up + up_b) @ down + down_b, norm2)
+            y = context @ out
+            y += out_b
+            y += x
+            x = self._layer_norm(y, norm1)
+            y = x @ up
+            y += up_b
+            _gelu(y)
+            y = y @ down
+            y += down_b
+            y += x
+            x = self._layer_norm(y, norm2)
         x = x.reshape(b, n, h)
         summed = (x * mask[:, :, None]).sum(axis=1)
         pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
     def _layer_norm(self, x, weights):
+        """Normalised rows, in place of `x` (each caller's `x` is its own temporary)."""
         import numpy as np
 
         gamma, beta = weights
-        mean = x.mean(axis=-1, keepdims=True)
-        centred = x - mean
-        var = (centred * centred).mean(axis=-1, keepdims=True)
-        return centred / np.sqrt(var + np.float32(self.eps)) * gamma + beta
+        x -= x.mean(axis=-1, keepdims=True)
+        var = np.einsum("...i,...i->...", x, x)[..., None]  # no squared copy of x
+        var *= np.float32(1.0 / x.shape[-1])
+        var += np.float32(self.eps)
+        np.sqrt(var, out=var)
+        x /= var
+        x *= gamma
+        x += beta
+        return x
+
+
+_ROWS = 64  # rows of the feed-forward's (rows, 1536) activations per pass of the GELU:
+# its ~20 elementwise passes then stay in the core's cache (8-23% less CPU per text)
+_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+_P = 0.3275911 * 0.7071067811865476  # A&S's p, with the 1/√2 of erf(x/√2) in it
 
 
 def _gelu(x):
-    """GELU as BERT defines it, x·Φ(x) = x/2·(1 + erf(x/√2)); numpy has no erf, so
-    Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7, below float32's step near 1)."""
+    """GELU as BERT defines it, x·Φ(x) = x/2·(1 + erf(x/√2)), in place of `x`, `_ROWS`
+    rows at a time; numpy has no erf, so Abramowitz & Stegun 7.1.26 (absolute error
+    < 1.5e-7, below float32's step near 1)."""
     import numpy as np
 
     f = np.float32
-    z = np.abs(x) * f(0.7071067811865476)
-    t = f(1.0) / (f(1.0) + f(0.3275911) * z)
-    poly = f(1.061405429) * t
-    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):  # Horner, in place
-        poly += f(c)
-        poly *= t
-    np.multiply(z, z, out=z)
-    np.negative(z, out=z)
-    np.exp(z, out=z)
-    poly *= z  # 1 - erf(|x|/√2)
-    np.subtract(f(1.0), poly, out=poly)
-    np.copysign(poly, x, out=poly)  # erf(x/√2)
-    poly += f(1.0)
-    poly *= x
-    poly *= f(0.5)
-    return poly
+    a = [f(c) for c in _A]
+    rows = x.reshape(-1, x.shape[-1])
+    for start in range(0, len(rows), _ROWS):
+        v = rows[start:start + _ROWS]
+        t = np.abs(v)
+        t *= f(_P)
+        t += f(1.0)
+        np.reciprocal(t, out=t)
+        poly = a[0] * t
+        for c in a[1:]:  # Horner, in place
+            poly += c
+            poly *= t
+        e = np.square(v)
+        e *= f(-0.5)
+        np.exp(e, out=e)
+        poly *= e  # 1 - erf(|x|/√2)
+        poly *= f(-0.5)
+        poly += f(0.5)  # erf(|x|/√2) / 2
+        np.copysign(poly, v, out=poly)
+        poly += f(0.5)  # Φ(x)
+        v *= poly
+    return x
 
 
 def read(path: Path) -> MiniLM:
