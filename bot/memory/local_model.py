@@ -158,26 +158,36 @@ class MiniLM:
         return out
 
     def _forward(self, tokens, mask):
+        """The texts' unit vectors. Only the attention sees the padded (b, n) layout: every
+        other step runs on the real tokens alone, packed (t, hidden), so a chunk of
+        unequal lengths (a batch of the background task, in the order it came) costs its
+        tokens, not b times its longest."""
         import numpy as np
 
         b, n = tokens.shape
         h, heads = self.hidden, self.heads
         d = h // heads
-        x = self.word[tokens] + self.position[:n] + self.token_type
-        x = self._layer_norm(x, self.norm).reshape(b * n, h)
+        real = mask.reshape(-1) > 0
+        where = np.flatnonzero(real)  # each real token's row in the padded layout
+        lengths = mask.sum(axis=1).astype(np.int64)
+        x = (self.word[tokens] + self.position[:n]).reshape(b * n, h)[where]
+        x += self.token_type
+        x = self._layer_norm(x, self.norm)
         # padded keys get no attention: a large negative score before the softmax
         bias = ((1.0 - mask) * np.float32(-1e30))[:, None, None, :]
+        padded = np.zeros((b * n, 3 * h), dtype=np.float32)  # pads stay 0
         for qkv, qkv_b, out, out_b, norm1, up, up_b, down, down_b, norm2 in self.layers:
             y = x @ qkv
             y += qkv_b
+            padded[where] = y
             q, k, v = np.ascontiguousarray(  # (3, b, heads, n, d): each head's rows in a row
-                y.reshape(b, n, 3, heads, d).transpose(2, 0, 3, 1, 4))
+                padded.reshape(b, n, 3, heads, d).transpose(2, 0, 3, 1, 4))
             scores = q @ k.transpose(0, 1, 3, 2)  # (b, heads, n, n), q scaled at load
             scores += bias
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
-            context = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(b * n, h)[where]
             y = context @ out
             y += out_b
             y += x
@@ -189,9 +199,8 @@ class MiniLM:
             y += down_b
             y += x
             x = self._layer_norm(y, norm2)
-        x = x.reshape(b, n, h)
-        summed = (x * mask[:, :, None]).sum(axis=1)
-        pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))  # texts' rows, in order
+        pooled = np.add.reduceat(x, starts, axis=0) / np.maximum(lengths, 1)[:, None]
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
     def _layer_norm(self, x, weights):
