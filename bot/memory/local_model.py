@@ -14,7 +14,9 @@ residual and LayerNorm, a GELU (erf) feed-forward, a residual and LayerNorm; the
 of the token vectors over the attention mask, L2-normalised (sentence-transformers' Pooling
 and Normalize modules). Texts are WordPiece-tokenised (lower-cased) by `tokenizers` from
 the package's tokenizer.json, truncated to 256 tokens (the model's max_seq_length), sorted
-by length and padded per chunk, so a short text is not padded to a long one.
+by length and encoded `CHUNK` at a time; only the attention sees them padded to the chunk's
+longest, every other step runs on the real tokens alone. `encode` can share a batch out
+between threads (`pool`, `parts`): the background embedding runs on every core that way.
 
 `missing()` costs no import of numpy; `load()` reads the model once per process (thread-
 safe; ~90 MB of float32 arrays) and is what `LocalEmbedder` calls, off the event loop.
@@ -267,9 +269,10 @@ def read(path: Path) -> MiniLM:
         from tokenizers import Tokenizer
     except ImportError as exc:
         raise LoadError(f"{exc}; run `{SETUP}`") from exc
-    # One BLAS thread, for the process (numpy's BLAS serves only this model here): the
-    # embedding runs in the background and leaves the other core to the agent, and two
-    # OpenBLAS threads on a busy 2-core machine ran ~10x slower than one (they spin).
+    # One BLAS thread, for the process (numpy's BLAS serves only this model here): two
+    # OpenBLAS threads on a busy 2-core machine ran 3-10x slower than one (they spin;
+    # bench/embed_speed.py). The background embedding uses the cores by threads of its
+    # own instead, each with its share of the texts (`encode`'s `pool`).
     threadpool_limits(1, user_api="blas")
     try:
         with zipfile.ZipFile(path) as z:
