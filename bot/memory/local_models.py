@@ -55,8 +55,8 @@ class _Symmetric:
     def __init__(self, model):
         self.model = model
 
-    def encode(self, texts):
-        return self.model.encode(texts)
+    def encode(self, texts, **split):  # split: local_model.MiniLM.encode's pool and parts
+        return self.model.encode(texts, **split)
 
     def encode_queries(self, texts):
         return self.model.encode(texts)
@@ -72,7 +72,7 @@ class _E5:
 
         self.engine = E5()
 
-    def encode(self, texts):
+    def encode(self, texts, **split):  # one engine thread: nothing to split
         return self._rows(self.engine.passage(list(texts)), len(texts))
 
     def encode_queries(self, texts):

@@ -83,7 +83,9 @@ class Splade:
                 mask[r, :len(ids[i])] = 1.0
             x = self.encoder._states(tokens, mask)
             b, n, h = x.shape
-            x = _gelu(x.reshape(b * n, h) @ self.dense + self.dense_bias)
+            x = x.reshape(b * n, h) @ self.dense
+            x += self.dense_bias
+            _gelu(x)  # in place
             x = self.encoder._layer_norm(x, self.norm)
             logits = (x @ self.decoder + self.decoder_bias).reshape(b, n, -1)
             np.maximum(logits, 0, out=logits)
