@@ -161,7 +161,7 @@ class LocalEmbedder(Embedder):
 
     def _warm(self) -> None:
         try:
-            self._embed(["warm"], True)  # a question: also the first pass' allocations and BLAS' set-up
+            self._embed(["warm"], True)  # also the first pass' allocations, BLAS' set-up
         except EmbeddingError as exc:
             log.warning("%s", exc)  # the first search says it again
 
