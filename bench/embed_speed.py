@@ -80,7 +80,7 @@ def throughput(model, texts: list[str], rounds: int) -> dict:
     plain = ThreadPoolExecutor(_embeddings.WORKERS, thread_name_prefix="bench")
 
     def background():  # as the embedding task asks: batches of 64, the niced threads
-        return embedder._embed(texts)
+        return embedder._embed(texts, False)
 
     def unniced():
         return [model.encode(texts[i:i + 64], pool=plain, parts=_embeddings.WORKERS)
