@@ -33,9 +33,7 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,6 +44,7 @@ import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from bench.recall import casual_corpus, corpus  # noqa: E402
+from bench.store import postgres_url, sqlite_url  # noqa: E402
 from bot.memory import embeddings as _embeddings  # noqa: E402
 from bot.memory import local_model  # noqa: E402
 from bot.memory.retrieval import remember  # noqa: E402
@@ -53,7 +52,6 @@ from store import open_store, vector_index  # noqa: E402
 from store import vectors as _vectors  # noqa: E402
 from store.read.plain import run  # noqa: E402
 
-PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 CONVERSATIONS = 100
 
 
@@ -185,48 +183,34 @@ def pct(xs: list[float], p: float) -> float:
 
 
 async def hybrid(backend: str, texts, vectors, questions, args) -> dict:
-    schema = None
-    with tempfile.TemporaryDirectory() as tmp:
-        if backend == "sqlite":
-            url = f"sqlite+aiosqlite:///{Path(tmp) / 'steward.db'}"
-        else:
-            from tests.conftest import _pg_admin
-
-            schema = f"bench_{uuid.uuid4().hex[:10]}"
-            await _pg_admin(f'CREATE SCHEMA "{schema}"')
-            url = f"{PG_URL}?schema={schema}"
+    urls = {"sqlite": sqlite_url, "postgres": postgres_url}
+    async with urls[backend]() as url:
+        store = await open_store(url)
         try:
-            store = await open_store(url)
-            try:
+            t = time.perf_counter()
+            await fill(store, texts, vectors, args.n)
+            built = time.perf_counter() - t
+            embedder = _embeddings.LocalEmbedder(hybrid=True)
+            out = {"backend": backend, "n": args.n, "fill_s": built}
+            lat = []
+            for q in questions[:args.queries]:
                 t = time.perf_counter()
-                await fill(store, texts, vectors, args.n)
-                built = time.perf_counter() - t
-                embedder = _embeddings.LocalEmbedder(hybrid=True)
-                out = {"backend": backend, "n": args.n, "fill_s": built}
+                await embedder.embed([q])
+                lat.append(time.perf_counter() - t)
+            out["question embedding"] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
+            for name, kwargs in (("conversation", {"conversation_key": "cli:speed-1"}),
+                                 ("store", {})):
+                await remember(store, questions[0], embedder=embedder, **kwargs)
                 lat = []
                 for q in questions[:args.queries]:
                     t = time.perf_counter()
-                    await embedder.embed([q])
+                    await remember(store, q, limit=10, embedder=embedder, **kwargs)
                     lat.append(time.perf_counter() - t)
-                out["question embedding"] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
-                for name, kwargs in (("conversation", {"conversation_key": "cli:speed-1"}),
-                                     ("store", {})):
-                    await remember(store, questions[0], embedder=embedder, **kwargs)
-                    lat = []
-                    for q in questions[:args.queries]:
-                        t = time.perf_counter()
-                        await remember(store, q, limit=10, embedder=embedder, **kwargs)
-                        lat.append(time.perf_counter() - t)
-                    out[f"hybrid, {name}"] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
-                out["load average"] = load_average()
-                return out
-            finally:
-                await store.close()
+                out[f"hybrid, {name}"] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
+            out["load average"] = load_average()
+            return out
         finally:
-            if schema:
-                from tests.conftest import _pg_admin
-
-                await _pg_admin(f'DROP SCHEMA "{schema}" CASCADE')
+            await store.close()
 
 
 async def main() -> None:
