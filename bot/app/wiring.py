@@ -286,12 +286,16 @@ async def _serve(config: Config) -> int:
         for name in ("memory trim", "health", "backup"):  # these never end by themselves
             if name in loops:
                 loops[name].cancel()
+        # Each step of the way out is logged: a stop that takes long says where it waits.
         for connector in app.connectors:
+            log.info("stopping: the %s connector", connector.name)
             await connector.stop()
         scheduler.stop()
         await asyncio.gather(loops["scheduler"], return_exceptions=True)
+        log.info("stopping: finishing what runs (at most %.0f s)", config.runtime.drain_seconds)
         finished = await app.runner.drain(config.runtime.drain_seconds)
         await asyncio.gather(*loops.values(), return_exceptions=True)
+        log.info("stopping: closing the store")
         app.health.remove()
         if not finished:
             log.warning("drain timed out; unfinished phases resume on the next start")

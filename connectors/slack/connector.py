@@ -317,6 +317,7 @@ class SlackConnector(Connector):
             await self.web.close()
             return
         await self.ack.call(self.transport.stop())
+        log.debug("slack: stopping: the connection closed")
         await self.catchup.halt()
         if self._sweeping is not None:
             self._sweeping.cancel()
@@ -329,11 +330,13 @@ class SlackConnector(Connector):
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self.inbox.lanes.close()
+        log.debug("slack: stopping: events taken in")
         await self.catchup.save()
         await self.streams.stop()
         await self.clicks.stop(STOP_GRACE)
         await self.ack.call(self.journal.close())
         await self.ack.stop()
+        log.debug("slack: stopping: the ack loop ended")
         await self.web.close()  # calls in flight finish; later ones get a session each
 
 
