@@ -127,6 +127,9 @@ drain_seconds = 5.0
         try:
             return await asyncio.wait_for(self.proc.wait(), 30)
         except TimeoutError:
+            # Where it waits goes to its log first (bot/app/taskdump.py), for the failure.
+            self.proc.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(2.0)
             self.proc.kill()
             await self.proc.wait()
             return None

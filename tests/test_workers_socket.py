@@ -97,4 +97,4 @@ async def test_three_socket_mode_workers_two_killed_answer_every_message_once(
         for w in workers[:2]:
             await w.kill()
         code = await workers[2].stop()
-    assert code == 0, workers[2].tail()
+    assert code == 0, workers[2].tail(20000)  # with its tasks' stacks, if it hung
