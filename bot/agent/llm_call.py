@@ -89,7 +89,10 @@ class LLMCall(Effect):
                     if not is_unavailable(exc):
                         raise
                     return
-                if not quiet:  # a summary, say: nothing any channel should show
+                # Nothing streams from a summary, nor in a restored home's first hour: its
+                # predecessor may have answered since the snapshot, which only the whole
+                # answer's delivery asks the channel about (bot/agent/deliver.py).
+                if not quiet and time.time() >= self.deps.reconcile_until:
                     self.deps.events.publish(Event(conv_id, "partial", {
                         "task": ctx.task.id, "turn": ctx.task.parent_id, "text": streamed,
                         # the answer's key, less ".answer": where a channel shows the text
