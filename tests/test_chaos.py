@@ -473,7 +473,7 @@ class SentAgain:
 
 
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
-OWN_ID = re.compile(r"<(c\d+\.[^>@]+@[^>]+)>")
+OWN_ID = re.compile(r"<(c\d+(?:-[0-9a-f]+)?\.[^>@]+@[^>]+)>")
 
 
 def log_lines(home: Path, problem: str, limit: int = 6) -> str:

@@ -7,8 +7,10 @@ import asyncio
 import pytest
 from aioimaplib import aioimaplib
 
+from bot.channels import Outbound
 from connectors.email.channel import SENDING
 from connectors.email.imap import _Client
+from connectors.email.reply import reply_message_id
 from tests.fakes.mail_rig import (  # noqa: F401 - rigs_fixture
     ADDRESS,
     ALLOWED,
@@ -76,6 +78,28 @@ async def test_follow_ups_stay_in_their_thread(rigs, account, sink, store):
     entries = await rig.transcript("email:root@example.com")
     assert [e.kind for e in entries] == ["user", "assistant"] * 3
     assert len(await rig.transcript("email:other@example.com")) == 2
+
+
+async def test_a_reply_to_an_answer_of_a_predecessor_finds_its_own_thread(rigs, account,
+                                                                          sink, store):
+    # A home restored from a backup numbers the conversations its predecessor began after
+    # the snapshot anew: the number in the predecessor's answer's Message-ID names another
+    # thread here (the restore test, seed 72472: a reply threaded under the wrong answer).
+    await account.append(mail(message_id="here@example.com", subject="Budget"))
+    rig = await rigs().start()
+    await sink.wait_for(1)
+    here = await store.get_conversation("email:here@example.com")
+    theirs = reply_message_id(Outbound(
+        key="in.PREDECESSOR.answer", conversation_key="email:gone@example.com",
+        conversation_id=here.id, text="", reply_to={}), ADDRESS)
+    await account.append(mail(message_id="back@example.com", subject="Re: Trip",
+                              in_reply_to=theirs, references=["gone@example.com", theirs]))
+    replies = {r.message["In-Reply-To"]: r.message for r in await sink.wait_for(2)}
+    assert replies["<back@example.com>"]["Subject"] == "Re: Trip"
+    assert [e.kind for e in await rig.transcript("email:here@example.com")] == [
+        "user", "assistant"]
+    assert [e.ref for e in await rig.transcript("email:gone@example.com")][0] == \
+        "msgid:back@example.com"
 
 
 async def test_mail_that_arrives_while_stopped_is_answered_on_start(rigs, account, sink):

@@ -11,8 +11,8 @@ from connectors.email.charsets import decode
 from connectors.email.config import EmailConfig
 from connectors.email.parse import Unparsable, html_to_text, parse_mail
 from connectors.email.policy import refusal
-from connectors.email.reply import build_reply
-from connectors.email.threads import normalised_subject, reply_subject
+from connectors.email.reply import build_reply, sent_search
+from connectors.email.threads import normalised_subject, reply_subject, thread_tag
 from connectors.email.trim import trim
 
 
@@ -102,8 +102,9 @@ def test_subjects_and_reply_headers():
                                             "references": ["r@x", "p@x"]})
     message_id, data = build_reply(message, address="bot@steward.test", name="Steward")
     msg = email.message_from_bytes(data)
-    assert message_id == "c3.T1.answer@steward.test"
-    assert msg["Message-ID"] == "<c3.T1.answer@steward.test>"
+    tag = thread_tag("email:r@x")
+    assert message_id == f"c3-{tag}.T1.answer@steward.test"
+    assert msg["Message-ID"] == f"<{message_id}>"
     assert msg["In-Reply-To"] == "<p@x>" and msg["References"] == "<r@x> <p@x>"
     assert msg["Subject"] == "Re: Plan" and msg["Auto-Submitted"] == "auto-replied"
     assert msg["To"] == "Ann <ann@x.com>" and b"\r\n" in data
@@ -116,7 +117,8 @@ def test_a_message_that_answers_no_mail_starts_a_thread_of_its_own():
                                                       "subject": "Weekly digest"})
     message_id, data = build_reply(message, address="bot@steward.test", name="Steward")
     msg = email.message_from_bytes(data)
-    assert msg["Message-ID"] == f"<{message_id}>" == "<c4.T2.answer@steward.test>"
+    assert msg["Message-ID"] == f"<{message_id}>" == (
+        f"<c4-{thread_tag('schedule:s1')}.T2.answer@steward.test>")
     assert msg["Subject"] == "Weekly digest" and msg["Auto-Submitted"] == "auto-generated"
     assert msg["In-Reply-To"] is None and msg["References"] is None
     assert msg["To"] == "ann@x.com"
@@ -159,3 +161,13 @@ def test_ordinary_mail_passes_when_everyone_is_allowed():
     for extra in ["", "Auto-Submitted: no\n", "Return-Path: <ann@example.com>\n"]:
         raw = f"{extra}From: ann@example.com\nSubject: x\n\nbody\n"
         assert refusal(parse(raw), EVERYONE) is None, extra
+
+
+def test_a_predecessors_answer_is_found_in_sent_whatever_number_it_had():
+    # An answer keyed by the mail it answers is searched by what follows the number (a
+    # restored home numbers conversations anew), with or without the tag of older ids.
+    tagged = f"c9-{thread_tag('email:r@x')}.in.T1.answer@steward.test"
+    assert sent_search(tagged) == sent_search("c9.in.T1.answer@steward.test") == (
+        ".in.T1.answer@steward.test>")
+    assert sent_search("c9-0123abcd.T2.answer@steward.test") == (
+        "<c9-0123abcd.T2.answer@steward.test>")

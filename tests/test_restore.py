@@ -99,7 +99,9 @@ async def target_database():
 # message put behind a waiting one), 628748 (a reply whose event came late, taken in as
 # history by the old home, was not listed by the answer that covered it), 550600 (a DM
 # message taken in as the history of a reply's thread was claimed by the thread's answer,
-# and the restored home took it as answered).
+# and the restored home took it as answered), 72472 (a mail reply to the predecessor's
+# answer threaded by the conversation number in its Message-ID, which the restored home had
+# given another thread: tests/test_email.py).
 async def test_a_restored_home_answers_everything_once(store_url, tmp_path, account,
                                                        target_database):
     seed = chaos_seed()

@@ -1,7 +1,8 @@
 """The message as it goes out, with a Message-ID derived from the delivery's idempotency
 key, so it exists before the send and is the same on every try. The id also carries the
-conversation id: a client that keeps only In-Reply-To still lands its answer in the right
-thread.
+conversation id, checked by a tag of the conversation's key: a client that keeps only
+In-Reply-To still lands its answer in the right thread, and a number another home gave
+(the predecessor of a restored one) names no thread here.
 
 Two kinds, told apart by what the delivery carries in `reply_to`:
 
@@ -20,7 +21,7 @@ from email.utils import formataddr, formatdate
 from typing import Any
 
 from bot.port import Outbound
-from connectors.email.threads import reply_subject
+from connectors.email.threads import OWN_ID, reply_subject, thread_tag
 
 # CRLF, folded only past RFC 5322's hard limit: a short line limit folds References before
 # its first id, which some clients read as an empty header.
@@ -29,11 +30,12 @@ MAX_SUBJECT = 200
 
 
 def reply_message_id(message: Outbound, address: str) -> str:
-    """`<c{conversation id}.{key}@{domain of the address}>`, without the angle brackets (the
-    conversation id lets a reply to it find its thread: threads.py)."""
+    """`<c{conversation id}-{tag of its key}.{key}@{domain of the address}>`, without the
+    angle brackets (the conversation id lets a reply to it find its thread: threads.py)."""
     domain = address.rpartition("@")[2] or "steward.invalid"
     key = re.sub(r"[^A-Za-z0-9._-]", "-", message.key)
-    return f"c{message.conversation_id}.{key}@{domain}"
+    tag = thread_tag(message.conversation_key)
+    return f"c{message.conversation_id}-{tag}.{key}@{domain}"
 
 
 def sent_search(message_id: str) -> str:
@@ -41,9 +43,9 @@ def sent_search(message_id: str) -> str:
     mail it answers (`in.`, bot.agent.inbox.answer_key) the part after the conversation id,
     which a home restored from a backup may number differently: its predecessor's reply is
     found whatever number it had (IMAP matches a header's text anywhere in it)."""
-    head, _, rest = message_id.partition(".")
-    if rest.startswith("in.") and head[1:].isdigit():
-        return f".{rest}>"
+    own = OWN_ID.match(message_id)
+    if own and own.group("key").startswith("in."):
+        return f".{own.group('key')}@{own.group('domain')}>"
     return f"<{message_id}>"
 
 

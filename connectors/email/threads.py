@@ -2,9 +2,11 @@
 
 The root is found, in order: through a message of the chain Steward already knows (its
 submission names the conversation, or it is one of Steward's own replies, whose Message-ID
-carries the conversation id); else the first id in References (clients keep it when they
-shorten the chain); else In-Reply-To; else the message's own id, starting a new thread; a
-message without any ids is keyed by its sender and normalised subject. A conversation
+carries the conversation id and a tag of its key: a number that names another thread here,
+as one given by the predecessor of a restored home can, is passed over); else the first id
+in References (clients keep it when they shorten the chain); else In-Reply-To; else the
+message's own id, starting a new thread; a message without any ids is keyed by its sender
+and normalised subject. A conversation
 belongs to the person who started it (see `conversation_key`).
 """
 
@@ -18,7 +20,9 @@ from connectors.email.parse import Mail
 CHANNEL = "email"
 PREFIX = re.compile(r"^\s*((re|aw|sv|antw|fwd?|wg|tr)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
 REPLY_PREFIX = re.compile(r"^\s*(re|aw|sv|antw)\s*(\[\d+\])?\s*:", re.IGNORECASE)
-OWN_ID = re.compile(r"^c(\d+)\.[^@]+@(.+)$")
+# Steward's own Message-IDs (reply.py); the tag is missing from those sent before it was.
+OWN_ID = re.compile(
+    r"^c(?P<id>\d+)(?:-(?P<tag>[0-9a-f]{8}))?\.(?P<key>[^@]+)@(?P<domain>.+)$")
 LOOKUPS = 10  # ids of a long References chain checked against the store
 
 
@@ -30,6 +34,11 @@ def reply_subject(subject: str) -> str:
     """"Re: " once: a subject that already is a reply keeps its prefix."""
     subject = subject.strip() or "(no subject)"
     return subject if REPLY_PREFIX.match(subject) else f"Re: {subject}"
+
+
+def thread_tag(conversation_key: str) -> str:
+    """Eight hex digits of the key's hash: what checks the number in an own Message-ID."""
+    return hashlib.sha256(conversation_key.encode("utf-8", "replace")).hexdigest()[:8]
 
 
 def chain(mail: Mail) -> list[str]:
@@ -71,12 +80,16 @@ async def _thread_key(port: AgentPort, mail: Mail, own_domain: str) -> str:
 async def _known(port: AgentPort, identifier: str, own_domain: str) -> str | None:
     own = OWN_ID.match(identifier)
     conversation_id = None
-    if own and own.group(2).lower() == own_domain.lower():
-        conversation_id = int(own.group(1))
+    if own and own.group("domain").lower() == own_domain.lower():
+        conversation_id = int(own.group("id"))
     else:
         row = await port.submission(CHANNEL, f"msgid:{identifier}")
         conversation_id = row["conversation_id"] if row else None
     if conversation_id is None:
         return None
     conversation = await port.conversation_by_id(conversation_id)
-    return clip(conversation.key) if conversation is not None else None
+    if conversation is None:
+        return None
+    if own and own.group("tag") and own.group("tag") != thread_tag(conversation.key):
+        return None
+    return clip(conversation.key)
