@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from bot.app.chat import PROMPT
-from bot.app.line_editor import LineEditor
+from bot.app.line_editor import LineEditor, position
 from tests.test_cli import steward, steward_env
 from tests.test_terminal_reminders import remind
 
@@ -50,10 +50,10 @@ class Tmux:
     def keys(self, *keys: str, literal: bool = False) -> None:
         self.run("send-keys", "-t", "chat", *(["-l"] if literal else []), *keys)
 
-    def lines(self) -> list[str]:
-        """The screen's lines, rows a long line wrapped onto joined again."""
-        return [line.rstrip() for line in self.run("capture-pane", "-p", "-J", "-t",
-                                                   "chat").splitlines()]
+    def lines(self, joined: bool = True) -> list[str]:
+        """The screen's lines, rows a long line wrapped onto joined again (or its rows)."""
+        return [line.rstrip() for line in self.run(
+            "capture-pane", "-p", *(["-J"] if joined else []), "-t", "chat").splitlines()]
 
     def cursor(self) -> tuple[int, int]:
         x, y = self.run("display-message", "-p", "-t", "chat",
@@ -196,3 +196,35 @@ async def test_keys_split_across_reads_pasted_lines_and_the_end(editor):
         "one", "two", "three"]
     os.write(master, b"x\x7f\x04")  # typed and erased: Ctrl-D on an empty line ends
     assert await asyncio.wait_for(typed.readline(), 30) is None
+
+
+async def test_a_wide_character_at_a_rows_end_moves_to_the_next_row_and_the_cursor_too(
+        home, tmux):
+    """A wide character that does not fit in a row's last column is written at the start
+    of the next one (the last column left empty): the cursor is counted the same way."""
+    env = steward_env(home)
+    tmux.start(env, home, sys.executable, "-m", "bot", "chat", "--session", "cli:talk")
+    await tmux.shows("you>")
+    first = "a" * (WIDTH - len("you> ") - 1)  # one column left in the first row
+    tmux.keys(first + "漢字xyz", literal=True)
+    await tmux.shows("字xyz")
+    lines = tmux.lines(joined=False)
+    row = lines.index("漢字xyz")
+    assert lines[row - 1] == "you> " + first, lines
+    assert tmux.cursor() == (len("漢字xyz") + 2, row), lines
+    tmux.keys(*["Left"] * 4)  # the cursor on 字
+    await asyncio.sleep(0.5)
+    assert tmux.cursor() == (2, row)
+    tmux.keys(*["Left"] * 1)  # on 漢, at the next row's start
+    await asyncio.sleep(0.5)
+    assert tmux.cursor() == (0, row)
+    tmux.keys("Enter")
+    await tmux.shows(f'You said: "{first}漢字xyz"')
+
+
+def test_positions_are_counted_as_a_terminal_places_characters():
+    assert position("abcd", 4) == (0, 4)  # full: the cursor waits past the last column
+    assert position("abcde", 4) == (1, 1)
+    assert position("ab漢", 4) == (0, 4)
+    assert position("abc漢", 4) == (1, 2)  # no room for two columns: the next row
+    assert position("e\u0301", 4) == (0, 1)  # a combining mark takes none

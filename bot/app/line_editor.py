@@ -13,8 +13,9 @@ Ctrl-D (on an empty line: the end); Left/Right, Home/End, Ctrl-A/E/B/F; Ctrl-U/K
 the start, to the end, a word back); Ctrl-L (clear the screen). No history.
 
 Positions are counted in terminal columns (a wide character takes two, a combining mark
-none); a wide character that does not fit at the end of a row, which terminals move to the
-next one, is not accounted for.
+none) the way terminals place them: a wide character that does not fit in a row's last
+column starts the next row. A resize while a line is half typed is not followed: the line
+is drawn for the new width at the next key.
 """
 
 import asyncio
@@ -50,9 +51,22 @@ async def read_ready(fd: int, size: int = 65536) -> bytes:
     return os.read(fd, size)  # readable: this returns at once
 
 
-def columns(text: str) -> int:
-    return sum(0 if unicodedata.combining(c) else
-               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+def width_of(char: str) -> int:
+    return 0 if unicodedata.combining(char) else \
+        2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
+def position(text: str, width: int) -> tuple[int, int]:
+    """The row and column a terminal of `width` columns leaves its cursor at after `text`
+    from a row's start; the column is `width` when the last row is full (the cursor waits
+    past it until the next character)."""
+    row = column = 0
+    for char in text:
+        size = width_of(char)
+        if size and column + size > width:  # (a full row, or a wide one that does not fit)
+            row, column = row + 1, 0
+        column += size
+    return row, column
 
 
 class LineEditor:
@@ -174,8 +188,8 @@ class LineEditor:
         line = self.text
         self.cursor = len(line)
         self._draw()
-        if columns(self.prompt + line) % self._width():  # (else the cursor is off it already)
-            self.out.write("\n")
+        if position(self.prompt + line, self._width())[1] != self._width():
+            self.out.write("\n")  # (a full last row: _draw moved the cursor off it already)
         self.out.flush()
         self.text, self.cursor, self._row, self.shown = "", 0, 0, False
         return line
@@ -190,15 +204,21 @@ class LineEditor:
         """Write the prompt and the line from the prompt's first row, the cursor put back."""
         width = self._width()
         drawn = "\r" + (f"\x1b[{self._row}A" if self._row else "") + "\x1b[J"
-        end = columns(self.prompt + self.text)
         drawn += self.prompt + self.text
-        if end % width == 0:
+        end, last = position(self.prompt + self.text, width)
+        if last == width:
             # A full last row leaves the cursor waiting past its last column: move it to
             # the next row, as the next character would, so that the rows count right.
             drawn += " \r\x1b[K"
-        row, column = divmod(columns(self.prompt + self.text[:self.cursor]), width)
-        if end // width > row:
-            drawn += f"\x1b[{end // width - row}A"
+            end += 1
+        # The cursor on the character after it, where the terminal put that character.
+        row, column = position(self.prompt + self.text[:self.cursor + 1], width)
+        if self.cursor < len(self.text):
+            column -= width_of(self.text[self.cursor])
+        elif column == width:
+            row, column = row + 1, 0
+        if end > row:
+            drawn += f"\x1b[{end - row}A"
         drawn += "\r" + (f"\x1b[{column}C" if column else "")
         self._row = row
         self.out.write(drawn)
