@@ -228,3 +228,26 @@ def test_positions_are_counted_as_a_terminal_places_characters():
     assert position("ab漢", 4) == (0, 4)
     assert position("abc漢", 4) == (1, 2)  # no room for two columns: the next row
     assert position("e\u0301", 4) == (0, 1)  # a combining mark takes none
+
+
+async def test_a_resized_terminal_redraws_the_half_typed_line_at_its_new_width(home, tmux):
+    env = steward_env(home)
+    tmux.start(env, home, sys.executable, "-m", "bot", "chat", "--session", "cli:talk")
+    await tmux.shows("you>")
+    tmux.keys(TYPED, literal=True)
+    tmux.keys(*["Left"] * 3)  # the cursor before "dog"
+    await tmux.shows("you> " + TYPED)
+    tmux.run("set-option", "-t", "chat", "window-size", "manual")
+    tmux.run("resize-window", "-t", "chat", "-x", "20")
+    await asyncio.sleep(1.0)
+    await remind(home, "cli:errands", "buy stamps", seconds=1)
+    lines = await tmux.shows("[cli:errands] Reminder: buy stamps.")
+    shown = [line for line in lines if line]
+    assert shown[-2:] == ["[cli:errands] Reminder: buy stamps.", "you> " + TYPED], lines
+    at = len("you> " + TYPED) - 3
+    rows = tmux.lines(joined=False)
+    top = len(rows) - 1 - rows[::-1].index("you> " + TYPED[:15])
+    assert rows[top - 2:top + 2] == ["[cli:errands] Remind", "er: buy stamps.",
+                                     "you> " + TYPED[:15], TYPED[15:35].rstrip()], rows
+    assert tmux.cursor() == (at % 20, top + at // 20), rows
+    assert [row for row in rows if row.startswith("you>")] == ["you> " + TYPED[:15]], rows

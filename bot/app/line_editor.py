@@ -14,8 +14,8 @@ the start, to the end, a word back); Ctrl-L (clear the screen). No history.
 
 Positions are counted in terminal columns (a wide character takes two, a combining mark
 none) the way terminals place them: a wide character that does not fit in a row's last
-column starts the next row. A resize while a line is half typed is not followed: the line
-is drawn for the new width at the next key.
+column starts the next row. A resized terminal (SIGWINCH) has rewrapped the line, as
+terminals that reflow do: the line is drawn again at the new width.
 """
 
 import asyncio
@@ -93,10 +93,12 @@ class LineEditor:
         termios.tcsetattr(self.fd, termios.TCSANOW, self._mode)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCONT, self._continued)
+        loop.add_signal_handler(signal.SIGWINCH, self._resized)
         try:
             yield self
         finally:
             loop.remove_signal_handler(signal.SIGCONT)
+            loop.remove_signal_handler(signal.SIGWINCH)
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
             self._mode = None
 
@@ -106,6 +108,13 @@ class LineEditor:
             termios.tcsetattr(self.fd, termios.TCSANOW, self._mode)
         if self.shown:
             self._row = 0
+            self._draw()
+
+    def _resized(self) -> None:
+        """The terminal rewrapped the line at its new width: the cursor's row in it is
+        counted again, and the line drawn over itself."""
+        if self.shown:
+            self._row = self._cursor_at(self._width())[0]
             self._draw()
 
     def show(self) -> None:
@@ -200,6 +209,16 @@ class LineEditor:
         except (AttributeError, ValueError, OSError):
             return 80
 
+    def _cursor_at(self, width: int) -> tuple[int, int]:
+        """The cursor's row and column: on the character after it, where the terminal put
+        that character (or past the line's end)."""
+        row, column = position(self.prompt + self.text[:self.cursor + 1], width)
+        if self.cursor < len(self.text):
+            column -= width_of(self.text[self.cursor])
+        elif column == width:
+            row, column = row + 1, 0
+        return row, column
+
     def _draw(self) -> None:
         """Write the prompt and the line from the prompt's first row, the cursor put back."""
         width = self._width()
@@ -211,12 +230,7 @@ class LineEditor:
             # the next row, as the next character would, so that the rows count right.
             drawn += " \r\x1b[K"
             end += 1
-        # The cursor on the character after it, where the terminal put that character.
-        row, column = position(self.prompt + self.text[:self.cursor + 1], width)
-        if self.cursor < len(self.text):
-            column -= width_of(self.text[self.cursor])
-        elif column == width:
-            row, column = row + 1, 0
+        row, column = self._cursor_at(width)
         if end > row:
             drawn += f"\x1b[{end - row}A"
         drawn += "\r" + (f"\x1b[{column}C" if column else "")
