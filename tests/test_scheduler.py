@@ -1,7 +1,8 @@
 """The scheduler against the store, on both backends, with a controllable clock."""
 
 import asyncio
-from datetime import datetime
+import time
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -151,6 +152,31 @@ def addressing() -> dict:
     return {"slack": SlackChannel(None, None, None),  # type: ignore[arg-type]
             "email": EmailChannel(email, open_session=None, smtp_password=None,
                                   sender_name="Steward")}
+
+
+async def test_a_time_that_passed_while_the_model_worked_is_due_at_once(store, deps):
+    """"Remind me in 1 second": the model writes an absolute time, which on a slow model
+    or a loaded machine has passed when the tool runs; a time after the question was asked
+    is not refused for that, it is due now. One before the question still is refused."""
+    conv = await store.ensure_conversation("cli:late")
+    asked = time.time() - 5
+
+    async def call(at: str) -> str:
+        ctx = ToolContext(store=store, task_id=new_id(), conversation_id=conv.id,
+                          http=deps.http, timezone="UTC", asked_at=asked)
+        result = await schedule_tool.run(ctx, {"action": "create", "name": at, "prompt": "x",
+                                               "at": at, "timezone": "UTC"})
+        await store.commit(ctx.writes)
+        return result.content
+
+    def utc(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+    before = time.time()
+    assert (await call(utc(asked + 2))).startswith("Scheduled"), "passed while it worked"
+    [s] = await store.list_schedules()
+    assert before - 1 <= s.next_fire_at <= time.time()
+    assert (await call(utc(asked - 60))).startswith("error: that time has already passed")
 
 
 async def test_the_schedule_tool_creates_lists_changes_and_cancels(store, deps):

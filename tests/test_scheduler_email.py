@@ -12,6 +12,7 @@ from bot.scheduler.tool import schedule as schedule_tool
 from bot.tools import ToolContext
 from bot.tools.permissions import Recipients
 from connectors.email.channel import SENDING
+from connectors.email.threads import thread_tag
 from store import new_id
 from tests.fakes.mail_rig import ADDRESS, ALLOWED, Rig
 from tests.fakes.mail_servers import (  # noqa: F401 - fixtures
@@ -60,7 +61,8 @@ async def test_a_schedule_delivered_by_email_sends_one_new_thread(rig, store, ac
     conversation = await store.get_conversation(f"schedule:{schedule.id}")
     [delivery] = await store.list_tasks(kind="deliver", conversation_id=conversation.id)
     # The Message-ID was derived from the delivery's key (stored before the send).
-    assert msg["Message-ID"] == f"<c{conversation.id}.{delivery.idem_key}@example.com>"
+    tag = thread_tag(conversation.key)
+    assert msg["Message-ID"] == f"<c{conversation.id}-{tag}.{delivery.idem_key}@example.com>"
     assert delivery.state == "done" and delivery.result["message_id"] in msg["Message-ID"]
     [copy] = await account.messages("Sent")
     assert copy["Message-ID"] == msg["Message-ID"]

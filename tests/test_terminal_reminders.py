@@ -64,6 +64,20 @@ async def test_run_prints_a_reminder_when_it_fires(home):
     assert out.count('"fired": 1') == 1, out  # once
 
 
+async def test_a_reminder_due_before_the_model_answered_is_set_not_refused(home):
+    # "In 0 seconds" has passed by the time the tool runs, as "in 1 second" does on a slow
+    # model or a loaded machine: due at once, and shown by the next `run`.
+    await remind(home, "cli:default", "stretch", seconds=0)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "run", env=steward_env(home), cwd=home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await Reader(proc.stdout).until(b"[cli:default] Reminder: stretch.\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+
+
 async def test_chat_fires_due_reminders_and_shows_them_between_turns(home):
     await remind(home, "cli:errands", "buy stamps")  # another session's
     proc = await start_chat(home)

@@ -37,12 +37,13 @@ class ToolCallTask(Effect):
         async def save_partial(value):
             await ctx.save_checkpoint({**(ctx.checkpoint or {}), "partial": value})
 
-        origin, key, zone = {}, None, None
+        origin, key, zone, asked_at = {}, None, None, None
         if ctx.task.parent_id:
             turn = await self.deps.store.get_task(ctx.task.parent_id)
             origin = {"channel": turn.inputs.get("channel"),
                       "reply_to": turn.inputs.get("reply_to", {})}
             zone = await self._zone_of(turn)
+            asked_at = turn.created_at
         if ctx.task.conversation_id is not None:
             key = (await self.deps.store.known_conversation(ctx.task.conversation_id)).key
         # The key the turn reserved for this call (`<turn>.<round>.<n>`); a task spawned
@@ -56,7 +57,7 @@ class ToolCallTask(Effect):
                            recipients=recipients(self.deps),
                            approved=bool(ctx.inputs.get("approved")),
                            netguard=self._netguard, channels=self.deps.channels,
-                           outside=ctx.inputs.get(MARK))
+                           outside=ctx.inputs.get(MARK), asked_at=asked_at)
 
     async def _zone_of(self, turn: Task) -> str | None:
         """The zone of the person the turn answers: stored with their message (a Slack

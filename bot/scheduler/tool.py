@@ -196,6 +196,9 @@ def _save(ctx: ToolContext, schedule_id: str, name: str, prompt: str, spec: dict
     except (TriggerError, ZoneInfoNotFoundError, ValueError) as exc:
         return f"error: {exc}"
     first = first_fire(trigger, now)
+    if first is not None and first < now and ctx.asked_at is not None \
+            and first.timestamp() >= int(ctx.asked_at):  # (a time given to the second)
+        first = now  # after the question, passed while the model worked ("in 1 second")
     if first is None or first < now:
         return "error: that time has already passed"
     ctx.writes.save_schedule(ScheduleWrite(schedule_id, name, prompt, spec, timezone, deliver,

@@ -83,7 +83,8 @@ class ToolContext:
     - `netguard`: which addresses web tools may reach (None: public ones only);
     - `channels`: the delivery channels by name, which know their own addresses;
     - `outside`: why the turn's request held outside text (`bot.provenance`), or None:
-      what the tool stores for later (a fact, a to-do, a schedule) keeps that mark.
+      what the tool stores for later (a fact, a to-do, a schedule) keeps that mark;
+    - `asked_at`: when the turn that called the tool began (its question came), or None.
     """
 
     def __init__(self, *, store: Store, task_id: str, conversation_id: int | None = None,
@@ -94,7 +95,7 @@ class ToolContext:
                  origin: dict[str, Any] | None = None,
                  recipients: Recipients | None = None, approved: bool = False,
                  netguard: Any = None, channels: dict[str, Any] | None = None,
-                 outside: str | None = None):
+                 outside: str | None = None, asked_at: float | None = None):
         self.store = store
         self.task_id = task_id
         self.conversation_id = conversation_id
@@ -114,6 +115,7 @@ class ToolContext:
         # say how to address someone new on them.
         self.channels = channels or {}
         self.outside = outside
+        self.asked_at = asked_at
 
     def __repr__(self) -> str:
         return (f"ToolContext(task_id={self.task_id!r}, "
