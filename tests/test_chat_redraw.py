@@ -96,13 +96,18 @@ def tmux():
 TYPED = "the quick brown fox jumps over the lazy dog"  # wraps: 5 + 43 > WIDTH
 
 
-async def test_a_reminder_keeps_the_half_typed_line_and_its_cursor(home, tmux):
-    env = steward_env(home)
-    tmux.start(env, home, sys.executable, "-m", "bot", "chat", "--session", "cli:talk")
+async def half_typed(home, tmux) -> None:
+    """A chat in tmux with TYPED typed at its prompt, the cursor before "dog"."""
+    tmux.start(steward_env(home), home, sys.executable, "-m", "bot", "chat", "--session",
+               "cli:talk")
     await tmux.shows("you>")
     tmux.keys(TYPED, literal=True)
-    tmux.keys(*["Left"] * 3)  # the cursor before "dog"
+    tmux.keys(*["Left"] * 3)
     await tmux.shows("you> " + TYPED)
+
+
+async def test_a_reminder_keeps_the_half_typed_line_and_its_cursor(home, tmux):
+    await half_typed(home, tmux)
     before = tmux.cursor()
 
     await remind(home, "cli:errands", "buy stamps", seconds=1)
@@ -231,12 +236,7 @@ def test_positions_are_counted_as_a_terminal_places_characters():
 
 
 async def test_a_resized_terminal_redraws_the_half_typed_line_at_its_new_width(home, tmux):
-    env = steward_env(home)
-    tmux.start(env, home, sys.executable, "-m", "bot", "chat", "--session", "cli:talk")
-    await tmux.shows("you>")
-    tmux.keys(TYPED, literal=True)
-    tmux.keys(*["Left"] * 3)  # the cursor before "dog"
-    await tmux.shows("you> " + TYPED)
+    await half_typed(home, tmux)
     tmux.run("set-option", "-t", "chat", "window-size", "manual")
     tmux.run("resize-window", "-t", "chat", "-x", "20")
     await asyncio.sleep(1.0)
