@@ -188,6 +188,41 @@ async def test_rule_6_a_task_whose_commit_was_cut_off_is_handed_back_untouched(s
     assert task.crashes == 0 and task.failure is None  # no death, no try counted
 
 
+async def test_rule_6_a_commit_cut_off_while_others_are_handed_back_is_handed_back_too(
+        store):
+    # The faults test (seed 583321, a PostgreSQL restarting under load): a task stranded
+    # while the hand-back of others waited for the store was forgotten, still leased to
+    # this live worker, and its conversation answered nothing more.
+    releasing, first, second = asyncio.Event(), None, None
+
+    async def hold_second(ctx):
+        if ctx.task.id == second:
+            await releasing.wait()
+
+    probe = Probe(hold=0, on_step=hold_second)
+    first, second = await spawn(store, "probe", 2)
+    runner = Runner(store, Registry(probe), RunnerOptions(concurrency=2, **FAST))
+    commit, release, cut = store.commit, store.release_tasks, []
+
+    async def cut_once_each(writes, *a, **kw):
+        update = writes.task_update
+        if update is not None and update.state == DONE and update.task_id not in cut:
+            cut.append(update.task_id)
+            raise ConnectionDoesNotExistError("connection was closed in the middle of it")
+        return await commit(writes, *a, **kw)
+
+    async def slow_release(owner, ids):
+        if second not in cut:  # the first hand-back: the second is cut off meanwhile
+            releasing.set()
+            await asyncio.wait([probe.jobs[second]])  # its slot, ended with its cut commit
+        return await release(owner, ids)
+
+    store.commit, store.release_tasks = cut_once_each, slow_release
+    await asyncio.wait_for(runner.run(until_idle=True, horizon=1.0), 30)
+    assert cut == [first, second]
+    assert await states(store, [first, second]) == [DONE, DONE]
+
+
 async def test_rule_7_a_finished_task_wakes_the_claim_loop_only_if_its_commit_did_not_look(
         store):
     probe = Probe(hold=0)

@@ -339,7 +339,9 @@ class Runner:
         if stranded:
             n = await self.store.release_tasks(self.owner, stranded)
             log.info("handed back %d task(s) whose commit failed", n)
-        self._stranded.clear()
+        # Only those: one still in its slot, or cut off while these were handed back, goes
+        # next time (left here, it would stay leased to this live worker for good).
+        self._stranded.difference_update(stranded)
 
     async def _anything_due_soon(self, horizon: float | None) -> bool:
         due = await self.store.next_due()
