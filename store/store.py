@@ -330,11 +330,12 @@ class Store:
         """Owners of running tasks whose liveness lock is free now (PostgreSQL)."""
         return await self._backend.dead_owners()
 
-    async def announce_worker(self, owner: str) -> None:
+    async def announce_worker(self, owner: str) -> bool:
         """Make this worker's liveness visible to others (PostgreSQL), until `close`; once
         it is, check the lock is still held, and take it again if its connection died
-        with the server (a restart drops every session lock)."""
-        await self._backend.announce_worker(owner)
+        with the server (a restart drops every session lock). True when it had to be taken
+        again: every other worker lost its own then too."""
+        return await self._backend.announce_worker(owner)
 
     async def recover_tasks(self, *, steal_all: bool, registered_kinds: list[str]) -> dict:
         dead = [] if steal_all else await self._backend.dead_owners()

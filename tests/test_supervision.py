@@ -291,6 +291,56 @@ async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_wor
             await s.close()
 
 
+async def test_a_worker_slow_to_take_its_lock_again_after_a_restart_is_not_taken_for_dead(pg):
+    """On a loaded machine one worker's renewal comes late after the restart (a full run
+    beside two others and a CPU hog: all four tasks of one worker ran twice): the others,
+    which lost their own locks too, do not count it dead while its leases hold."""
+    options = RunnerOptions(concurrency=4, lease_seconds=3, poll_seconds=0.05,
+                            retry_base_seconds=0.01, retry_max_seconds=0.02)
+    slow = Slow(7.0)
+    stores = [await open_store(pg.url) for _ in range(2)]
+    runners = [Runner(s, Registry(slow), options) for s in stores]
+    announce, restarted = stores[0].announce_worker, asyncio.Event()
+
+    async def late_after_the_restart(owner):
+        if restarted.is_set():
+            restarted.clear()
+            await asyncio.sleep(1.9)  # a late renewal: its leases (3 s) still hold
+        return await announce(owner)
+
+    stores[0].announce_worker = late_after_the_restart
+    serving = []
+    try:
+        w = Writes()
+        ids = [w.spawn("slow", {"n": n}) for n in range(4)]
+        await stores[0].commit(w)
+        for r in runners:
+            await r.recover(steal_all=False)
+        serving.append(asyncio.create_task(runners[0].run()))  # all four run on the first
+        for _ in range(300):
+            if len(slow.runs) == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert len(slow.runs) == 4
+        serving.append(asyncio.create_task(runners[1].run()))
+        await asyncio.sleep(1.5)  # the second's renewals under way
+        await pg.restart("fast")
+        restarted.set()
+        for _ in range(1000):
+            states = [(await stores[1].task_outcome(i))[0] for i in ids]
+            if states == [DONE] * 4:
+                break
+            await asyncio.sleep(0.05)
+        assert states == [DONE] * 4
+        assert slow.runs == {i: 1 for i in ids}, slow.runs
+    finally:
+        for r in runners:
+            r.stop()
+        await asyncio.wait_for(asyncio.gather(*serving, return_exceptions=True), 15)
+        for s in stores:
+            await s.close()
+
+
 async def test_a_hot_path_connection_the_server_shut_down_under_a_statement_is_not_kept(pg):
     """A statement the server shut down under fails with its reason (57P01, as an error of
     the server's): the connection is gone all the same, and the pool must not hand it to

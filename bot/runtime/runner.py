@@ -36,13 +36,15 @@ The claimer's rules (tests/test_runner_claimer.py has a test named after each):
    (it filled every free slot, or found no more ready work).
 8. Leases are renewed every third of `lease_seconds`; with other workers on the store, the
    running tasks of a worker whose liveness lock was free at two checks in a row are taken
-   over at once.
+   over at once, except for one `lease_seconds` after this worker had to take its own lock
+   again (a restarted server freed every lock; only an expired lease says dead then).
 """
 
 import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -124,6 +126,7 @@ class Runner:
         self._stopping = False
         self._stranded: set[str] = set()  # leased here, their commit lost to an outage
         self._dead_once: set[str] = set()  # workers whose liveness lock was free last time
+        self._relocked_at = -math.inf  # when this worker last had to take its lock again
         self.driver = PhaseDriver(store, registry, self.options, self.owner,
                                   end=self._commit_last, stopping=lambda: self._stopping,
                                   wake=self._wake.set)
@@ -372,7 +375,8 @@ class Runner:
                 await self.store.renew_leases(self.owner, list(self._inflight),
                                               self.options.lease_seconds)
                 if not self.store.single_node:
-                    await self.store.announce_worker(self.owner)  # again after a restart
+                    if await self.store.announce_worker(self.owner):  # after a restart
+                        self._relocked_at = time.monotonic()
                     await self._take_over_the_dead()
             except Exception as exc:  # a transient database error must not stop renewals
                 if is_unavailable(exc):  # the claim loop says so, once
@@ -384,6 +388,13 @@ class Runner:
         """Take over the running tasks of workers whose liveness lock was free at two checks
         in a row: a database restart frees every lock at once, and a live worker takes its
         own again at its next renewal, before it would be taken for dead."""
+        if time.monotonic() - self._relocked_at < self.options.lease_seconds:
+            # This worker just took its own lock again: the server restarted and every
+            # worker lost its lock with it, each to take it back at its own next renewal,
+            # which a loaded machine may delay. Meanwhile only a lease that runs out says
+            # a worker died.
+            self._dead_once = set()
+            return
         dead = set(await self.store.dead_workers()) - {self.owner}
         confirmed, self._dead_once = dead & self._dead_once, dead
         if confirmed and await self.store.take_over_dead(sorted(confirmed)):

@@ -139,13 +139,13 @@ class PostgresBackend:
             await conn.commit()
         return dead
 
-    async def announce_worker(self, owner: str) -> None:
+    async def announce_worker(self, owner: str) -> bool:
         held = self._liveness.get(owner)
         if held is not None:
             try:
                 await held.execute(text("SELECT 1"))
                 await held.commit()
-                return
+                return False
             except DBAPIError as exc:
                 if not is_unavailable(exc):
                     raise
@@ -155,6 +155,7 @@ class PostgresBackend:
                 with contextlib.suppress(Exception):
                     await held.close()
         self._liveness[owner] = await _liveness.hold(self.engines.write, owner)
+        return held is not None
 
     async def close(self) -> None:
         for conn in self._liveness.values():

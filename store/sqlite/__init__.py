@@ -86,8 +86,8 @@ class SqliteBackend:
     async def dead_owners(self) -> list[str]:
         return []  # one node: its runner lock keeps a second process off the store
 
-    async def announce_worker(self, owner: str) -> None:
-        return None
+    async def announce_worker(self, owner: str) -> bool:
+        return False
 
     async def close(self) -> None:
         await self.engines.dispose()
