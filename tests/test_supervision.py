@@ -254,6 +254,31 @@ class Slow(Effect):
         return "done"
 
 
+async def four_slow_tasks(store, runners) -> list[str]:
+    w = Writes()
+    ids = [w.spawn("slow", {"n": n}) for n in range(4)]
+    await store.commit(w)
+    for r in runners:
+        await r.recover(steal_all=False)
+    return ids
+
+
+async def running(slow, n: int) -> None:
+    for _ in range(300):
+        if len(slow.runs) == n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{len(slow.runs)} of {n} tasks started")
+
+
+async def finished(store, ids) -> bool:
+    for _ in range(1000):
+        if [(await store.task_outcome(i))[0] for i in ids] == [DONE] * len(ids):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_workers(pg):
     """Every worker's liveness lock goes with the server; each takes its own again at its
     next renewal, so none is taken for dead and its work run twice."""
@@ -263,24 +288,11 @@ async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_wor
     stores = [await open_store(pg.url) for _ in range(2)]
     runners = [Runner(s, Registry(slow), options) for s in stores]
     try:
-        w = Writes()
-        ids = [w.spawn("slow", {"n": n}) for n in range(4)]
-        await stores[0].commit(w)
-        for r in runners:
-            await r.recover(steal_all=False)
+        ids = await four_slow_tasks(stores[0], runners)
         serving = [asyncio.create_task(r.run()) for r in runners]
-        for _ in range(300):
-            if len(slow.runs) == 4:
-                break
-            await asyncio.sleep(0.02)
-        assert len(slow.runs) == 4
+        await running(slow, 4)
         await pg.restart("fast")
-        for _ in range(1000):
-            states = [(await stores[0].task_outcome(i))[0] for i in ids]
-            if states == [DONE] * 4:
-                break
-            await asyncio.sleep(0.05)
-        assert states == [DONE] * 4
+        assert await finished(stores[0], ids)
         assert slow.runs == {i: 1 for i in ids}, slow.runs
         assert [(await stores[0].get_task(i)).crashes for i in ids] == [0] * 4
         for r in runners:
@@ -311,27 +323,14 @@ async def test_a_worker_slow_to_take_its_lock_again_after_a_restart_is_not_taken
     stores[0].announce_worker = late_after_the_restart
     serving = []
     try:
-        w = Writes()
-        ids = [w.spawn("slow", {"n": n}) for n in range(4)]
-        await stores[0].commit(w)
-        for r in runners:
-            await r.recover(steal_all=False)
+        ids = await four_slow_tasks(stores[0], runners)
         serving.append(asyncio.create_task(runners[0].run()))  # all four run on the first
-        for _ in range(300):
-            if len(slow.runs) == 4:
-                break
-            await asyncio.sleep(0.02)
-        assert len(slow.runs) == 4
+        await running(slow, 4)
         serving.append(asyncio.create_task(runners[1].run()))
         await asyncio.sleep(1.5)  # the second's renewals under way
         await pg.restart("fast")
         restarted.set()
-        for _ in range(1000):
-            states = [(await stores[1].task_outcome(i))[0] for i in ids]
-            if states == [DONE] * 4:
-                break
-            await asyncio.sleep(0.05)
-        assert states == [DONE] * 4
+        assert await finished(stores[1], ids)
         assert slow.runs == {i: 1 for i in ids}, slow.runs
     finally:
         for r in runners:
