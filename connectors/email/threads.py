@@ -6,8 +6,8 @@ carries the conversation id and a tag of its key: a number that names another th
 as one given by the predecessor of a restored home can, is passed over); else the first id
 in References (clients keep it when they shorten the chain); else In-Reply-To; else the
 message's own id, starting a new thread; a message without any ids is keyed by its sender
-and normalised subject. A conversation
-belongs to the person who started it (see `conversation_key`).
+and normalised subject. A conversation belongs to the person who started it (see
+`conversation_key`).
 """
 
 import hashlib
