@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.fakes.llm_server import FakeLLMServer, Reply
-from tests.test_cli import steward, steward_env
+from tests.test_cli import interruptible, steward, steward_env
 
 
 @pytest.fixture
@@ -32,20 +32,13 @@ async def read_until(stream, marker: bytes) -> bytes:
     return seen
 
 
-def _interruptible() -> None:
-    # A shell that starts the suite in the background without job control has SIGINT
-    # ignored, and a child inherits that (Python then leaves Ctrl-C alone, as it should);
-    # the person at this prompt has a terminal whose Ctrl-C is delivered.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 async def start_chat(home):
     # faulthandler: a chat that does not leave is aborted with every thread's stack shown
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", "chat", "--session", "cli:talk",
         env=steward_env(home, PYTHONFAULTHANDLER="1"), cwd=home, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        preexec_fn=_interruptible)
+        preexec_fn=interruptible)
 
 
 async def left(proc, seconds: float) -> None:

@@ -27,6 +27,14 @@ def steward_env(home, **extra):
     return env
 
 
+def interruptible() -> None:
+    """A child's preexec_fn: Ctrl-C (SIGINT) delivered to it, as to a program a person runs
+    at a terminal. A shell that starts the suite in the background without job control has
+    SIGINT ignored, and a child inherits that (Python then leaves Ctrl-C alone, as it
+    should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def steward(home, *args, cwd=None, env=None):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot", *args, env=env or steward_env(home), cwd=cwd or home,

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from store import Writes, open_store
-from tests.test_cli import steward, steward_env
+from tests.test_cli import interruptible, steward, steward_env
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -134,7 +134,8 @@ def _interrupted_import(home, big) -> tuple[int, bytes]:
     terminal got)."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "bot", "import", str(big)], cwd=home,
-                            env=steward_env(home), stdin=slave, stdout=slave, stderr=slave)
+                            env=steward_env(home), stdin=slave, stdout=slave, stderr=slave,
+                            preexec_fn=interruptible)
     os.close(slave)
     shown = b""
     deadline = time.monotonic() + 120
