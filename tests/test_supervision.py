@@ -254,6 +254,12 @@ class Slow(Effect):
         return "done"
 
 
+# Leases long enough that a restart slowed by a loaded machine (2.7 s seen at load 14)
+# does not let them run out: the restart tests are about the liveness locks.
+RESTARTED = RunnerOptions(concurrency=4, lease_seconds=9, poll_seconds=0.05,
+                          retry_base_seconds=0.01, retry_max_seconds=0.02)
+
+
 async def four_slow_tasks(store, runners) -> list[str]:
     w = Writes()
     ids = [w.spawn("slow", {"n": n}) for n in range(4)]
@@ -282,11 +288,9 @@ async def finished(store, ids) -> bool:
 async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_workers(pg):
     """Every worker's liveness lock goes with the server; each takes its own again at its
     next renewal, so none is taken for dead and its work run twice."""
-    options = RunnerOptions(concurrency=4, lease_seconds=3, poll_seconds=0.05,
-                            retry_base_seconds=0.01, retry_max_seconds=0.02)
-    slow = Slow(6.0)
+    slow = Slow(12.0)
     stores = [await open_store(pg.url) for _ in range(2)]
-    runners = [Runner(s, Registry(slow), options) for s in stores]
+    runners = [Runner(s, Registry(slow), RESTARTED) for s in stores]
     try:
         ids = await four_slow_tasks(stores[0], runners)
         serving = [asyncio.create_task(r.run()) for r in runners]
@@ -304,23 +308,31 @@ async def test_a_restart_of_postgres_is_not_taken_for_the_death_of_the_other_wor
 
 
 async def test_a_worker_slow_to_take_its_lock_again_after_a_restart_is_not_taken_for_dead(pg):
-    """On a loaded machine one worker's renewal comes late after the restart (a full run
-    beside two others and a CPU hog: all four tasks of one worker ran twice): the others,
-    which lost their own locks too, do not count it dead while its leases hold."""
-    options = RunnerOptions(concurrency=4, lease_seconds=3, poll_seconds=0.05,
-                            retry_base_seconds=0.01, retry_max_seconds=0.02)
-    slow = Slow(7.0)
+    """On a loaded machine one worker took its lock again late after the restart (a full
+    run beside two others and a CPU hog: all four tasks of one worker ran twice): the
+    other, which lost its own lock too, does not count it dead while its leases hold. Here
+    the first worker renews its leases all along but takes its lock again only after the
+    second has looked at the locks twice since the restart, which was enough to be taken
+    for dead before."""
+    slow = Slow(12.0)
     stores = [await open_store(pg.url) for _ in range(2)]
-    runners = [Runner(s, Registry(slow), options) for s in stores]
-    announce, restarted = stores[0].announce_worker, asyncio.Event()
+    runners = [Runner(s, Registry(slow), RESTARTED) for s in stores]
+    restarting, looks = asyncio.Event(), []  # looks: the second's, once it relocked
+    first_announce, second_announce = stores[0].announce_worker, stores[1].announce_worker
 
     async def late_after_the_restart(owner):
-        if restarted.is_set():
-            restarted.clear()
-            await asyncio.sleep(1.9)  # a late renewal: its leases (3 s) still hold
-        return await announce(owner)
+        if restarting.is_set() and len(looks) < 2:
+            return False  # its lock not taken again yet (or still held, before the restart)
+        return await first_announce(owner)
+
+    async def counting_the_looks(owner):
+        relocked = await second_announce(owner)  # a look at the others' locks follows
+        if relocked or looks:
+            looks.append(relocked)
+        return relocked
 
     stores[0].announce_worker = late_after_the_restart
+    stores[1].announce_worker = counting_the_looks
     serving = []
     try:
         ids = await four_slow_tasks(stores[0], runners)
@@ -328,9 +340,10 @@ async def test_a_worker_slow_to_take_its_lock_again_after_a_restart_is_not_taken
         await running(slow, 4)
         serving.append(asyncio.create_task(runners[1].run()))
         await asyncio.sleep(1.5)  # the second's renewals under way
+        restarting.set()
         await pg.restart("fast")
-        restarted.set()
         assert await finished(stores[1], ids)
+        assert len(looks) >= 2, looks  # the first was without its lock at two looks
         assert slow.runs == {i: 1 for i in ids}, slow.runs
     finally:
         for r in runners:
