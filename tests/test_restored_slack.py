@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from bot.agent.inbox import answer_key
 from connectors.slack.messages import META_TYPE
@@ -54,8 +53,7 @@ async def test_a_restored_home_takes_a_thread_in_with_its_answers(store, tmp_pat
     answered(slack, DM, top["ts"], "re tok-first", first)
     answered(slack, DM, top["ts"], "re tok-second", second)
 
-    async with SlackRig(store, tmp_path, slack) as rig:
-        rig.deps.reconcile_until = time.time() + 3600
+    async with SlackRig(store, tmp_path, slack, restored=True) as rig:
         # Slack retries the second reply's event to the restored home: answered before.
         assert (await rig.send(second_event, retry_num=1))[0] == 200
         await rig.settle()
@@ -87,8 +85,7 @@ async def test_history_never_stands_between_a_waiting_message_and_its_turn(
     old, old_event = says(slack, DM, ALICE, "tok-old what day is it")
     answered(slack, DM, None, "re tok-old", old)
     new, new_event = says(slack, DM, ALICE, "tok-new and the time?")
-    async with SlackRig(store, tmp_path, slack, run_tasks=False) as rig:
-        rig.deps.reconcile_until = time.time() + 3600
+    async with SlackRig(store, tmp_path, slack, run_tasks=False, restored=True) as rig:
         assert (await rig.send(new_event))[0] == 200
         await until_taken(rig, new)
         assert (await rig.send(old_event, retry_num=1))[0] == 200
@@ -131,8 +128,7 @@ async def test_a_reply_taken_in_as_history_is_listed_by_the_answer_that_covered_
     # The restored home (its own store: what the snapshot held, the top message answered)
     fresh = await open_store(f"sqlite+aiosqlite:///{tmp_path / 'restored.db'}")
     try:
-        async with SlackRig(fresh, tmp_path / "restored", slack) as rig:
-            rig.deps.reconcile_until = time.time() + 3600
+        async with SlackRig(fresh, tmp_path / "restored", slack, restored=True) as rig:
             assert (await rig.send(first_event, retry_num=1))[0] == 200
             await rig.settle()
     finally:
@@ -151,8 +147,7 @@ async def test_an_answer_in_a_dm_thread_does_not_claim_the_dm_message_it_hangs_u
     top, top_event = says(slack, DM, ALICE, "tok-top can you check the time?")
     _, reply_event = says(slack, DM, ALICE, "tok-reply how are we doing?",
                           thread_ts=top["ts"])
-    async with SlackRig(store, tmp_path, slack) as rig:
-        rig.deps.reconcile_until = time.time() + 3600
+    async with SlackRig(store, tmp_path, slack, restored=True) as rig:
         assert (await rig.send(reply_event))[0] == 200
         await rig.settle()
         [answer] = slack.bot_messages(DM, top["ts"])

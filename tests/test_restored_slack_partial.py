@@ -9,8 +9,6 @@ way bot/app/wiring.py marks it (`reconcile_until`)."""
 
 from __future__ import annotations
 
-import time
-
 from bot.agent.inbox import answer_key
 from connectors.slack.messages import META_TYPE
 from connectors.slack.working import REACTION
@@ -44,8 +42,7 @@ async def test_a_restored_home_takes_back_its_partial_of_an_answer_given_by_othe
     # The predecessor's life after the snapshot: one answer to both, under the first's key.
     answered(slack, DM, None, "re tok-zero and tok-one", zero, one)
 
-    async with SlackRig(store, tmp_path, slack) as rig:
-        rig.deps.reconcile_until = time.time() + 3600
+    async with SlackRig(store, tmp_path, slack, restored=True) as rig:
         await rig.settle()
 
     assert [m["text"] for m in slack.bot_messages(DM)] == ["re tok-zero and tok-one"]
@@ -65,8 +62,7 @@ async def test_every_streamed_part_of_it_is_taken_back(store, tmp_path, slack):
     streamed(slack, DM, "and", one, part=2)
     answered(slack, DM, None, "re tok-zero and tok-one", zero, one)
 
-    async with SlackRig(store, tmp_path, slack) as rig:
-        rig.deps.reconcile_until = time.time() + 3600
+    async with SlackRig(store, tmp_path, slack, restored=True) as rig:
         await rig.settle()
 
     assert [m["text"] for m in slack.bot_messages(DM)] == ["re tok-zero and tok-one"]

@@ -49,11 +49,13 @@ class SlackRig:
     def __init__(self, store: Store, home: Path, slack: FakeSlack, client: Any = None,
                  *, tools: list | None = None, run_tasks: bool = True,
                  options: RunnerOptions = OPTIONS, agent: dict | None = None,
-                 **slack_config: Any):
+                 restored: bool = False, **slack_config: Any):
         """`tools`: the agent's tools (default: the built-ins); `run_tasks=False` leaves the
         runner off until `start_runner()` (events are taken in, nothing is answered);
         `options`: the runner's (attempt limits, backoff); `agent`: the `[agent]` section
-        (its timezone, say)."""
+        (its timezone, say); `restored`: a home restored from a backup, whose deliveries ask
+        the channel first for an hour, marked before anything runs, as bot/app/wiring.py
+        does."""
         self.store = store
         self.slack = slack
         self.port = free_port()
@@ -68,6 +70,8 @@ class SlackRig:
                         toolbox=ToolBox(*(builtin_tools() if tools is None else tools)),
                         options=options)
         self.deps, self.runner = self.app.deps, self.app.runner
+        if restored:
+            self.deps.reconcile_until = time.time() + 3600
         [self.connector] = self.app.connectors
         self._serving: asyncio.Task | None = None
         self._run_tasks = run_tasks
