@@ -339,7 +339,7 @@ async def test_a_worker_slow_to_take_its_lock_again_after_a_restart_is_not_taken
         serving.append(asyncio.create_task(runners[0].run()))  # all four run on the first
         await running(slow, 4)
         serving.append(asyncio.create_task(runners[1].run()))
-        await asyncio.sleep(1.5)  # the second's renewals under way
+        await asyncio.sleep(1.5)  # the second serving too, its lock held
         restarting.set()
         await pg.restart("fast")
         assert await finished(stores[1], ids)
