@@ -7,19 +7,20 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 
 apt_get() {
-  local waited=0 err
+  local start=$SECONDS said="" err
   # DPkg::Lock::Timeout covers the dpkg locks; `apt-get update`'s lists lock has no
-  # timeout option, so a lock error of any kind is retried here, for up to 10 minutes.
+  # timeout option, so a lock error of any kind is retried here, until 10 minutes have
+  # passed in all (time spent inside apt-get's own wait counts).
   # 9>&- : a service the package starts (PostgreSQL, Dovecot) must not inherit the install
   # scripts' own lock (install-test-deps) and hold it for as long as it runs.
   until err="$($SUDO apt-get -o DPkg::Lock::Timeout=600 "$@" 2>&1 >/dev/null 9>&-)"; do
     if [[ "$err" != *"Could not get lock"* && "$err" != *"Unable to lock"* ]] \
-      || [ "$waited" -ge 600 ]; then
+      || [ $((SECONDS - start)) -ge 600 ]; then
       printf '%s\n' "$err" >&2
       return 1
     fi
-    [ "$waited" -gt 0 ] || echo "apt is busy (another install is running): waiting for it" >&2
+    [ -n "$said" ] || echo "apt is busy (another install is running): waiting for it" >&2
+    said=1
     sleep 5
-    waited=$((waited + 5))
   done
 }
