@@ -35,7 +35,7 @@ exit 0
 """
 
 
-def run_apt_get(tmp_path: Path, args: str, busy: int) -> tuple[subprocess.CompletedProcess, Path]:
+def run_apt_get(tmp_path: Path, args: str, busy: int) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "apt-get"
@@ -47,26 +47,26 @@ def run_apt_get(tmp_path: Path, args: str, busy: int) -> tuple[subprocess.Comple
               f'exec 9>"{tmp_path}/own.lock"; apt_get {args}')
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=120)
-    return done, tmp_path
+    return done
 
 
 def test_a_busy_apt_is_waited_for_and_the_install_goes_on(tmp_path):
-    done, state = run_apt_get(tmp_path, "update -qq", busy=1)
+    done = run_apt_get(tmp_path, "update -qq", busy=1)
     assert done.returncode == 0, done.stderr
     assert "apt is busy" in done.stderr
-    calls = (state / "calls").read_text().splitlines()
+    calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) == 2
     assert all("DPkg::Lock::Timeout=600" in call for call in calls)
 
 
 def test_another_failure_is_reported_at_once(tmp_path):
-    done, state = run_apt_get(tmp_path, "install -y no-such-package", busy=0)
+    done = run_apt_get(tmp_path, "install -y no-such-package", busy=0)
     assert done.returncode == 1
     assert "Unable to locate package no-such-package" in done.stderr
-    assert len((state / "calls").read_text().splitlines()) == 1
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
 
 
 def test_apt_does_not_inherit_the_install_scripts_lock(tmp_path):
-    done, state = run_apt_get(tmp_path, "install -y tmux", busy=0)
+    done = run_apt_get(tmp_path, "install -y tmux", busy=0)
     assert done.returncode == 0, done.stderr
-    assert not (state / "fd9").exists(), "apt-get (and what it starts) held the scripts' lock"
+    assert not (tmp_path / "fd9").exists(), "apt-get (and what it starts) held the scripts' lock"

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from bot.app.config import build_config
+from bot.app.restore import RECONCILE_HOURS
 from bot.app.wiring import wire
 from bot.llm.scripted import ScriptedModel
 from bot.llm.types import Request, Response
@@ -71,7 +72,7 @@ class SlackRig:
                         options=options)
         self.deps, self.runner = self.app.deps, self.app.runner
         if restored:
-            self.deps.reconcile_until = time.time() + 3600
+            self.deps.reconcile_until = time.time() + RECONCILE_HOURS * 3600
         [self.connector] = self.app.connectors
         self._serving: asyncio.Task | None = None
         self._run_tasks = run_tasks
